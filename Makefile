@@ -1,0 +1,30 @@
+# Two commands set everything up on a fresh machine:
+#   make train   -> virtualenv + install + `python train.py` (embedded default run)
+#   make test    -> virtualenv + install + the test suite
+# Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking"
+
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+# The torch build to install. The default is a plain release; pick a CUDA/CPU index if you need one,
+# e.g. make TORCH="torch --index-url https://download.pytorch.org/whl/cu124" test
+TORCH  ?= torch==2.13.0
+
+.PHONY: train test install clean
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+train: install
+	$(PY) train.py $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,314 @@
+"""Corpora: where documents come from. Every corpus yields documents as lists of sentences.
+
+    SyntheticCorpus   the embedded artificial language (default; offline; seconds to build)
+    TextFiles         local .txt / .jsonl / .json / .parquet files, loaded through ``datasets``
+    HubCorpus         Hugging Face hub datasets (WikiText-103, Wikipedia + books), optionally streamed
+
+A corpus is a config object (its fields are its identity, hashed into ``fingerprint()``) with
+``documents(cache_dir)`` returning a ``datasets.Dataset`` with one column, ``sentences``
+(list of str), one row per document; or, when ``streaming``, an iterable of such rows.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import datasets
+
+from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, fingerprint, generate_documents
+
+# --- sentence splitting ------------------------------------------------------------------------
+
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "prof", "sr", "jr", "vs", "etc", "no", "vol", "fig", "e.g", "i.e", "mt"}
+# A sentence ends at . ! or ? (optionally followed by closing quotes/brackets), then whitespace,
+# then something that can start a sentence: an upper-case letter, a digit, or an opening quote.
+_BOUNDARY = re.compile(r"(?<=[.!?])([\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]*[A-Z0-9])")
+_GUTENBERG_START = re.compile(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+_GUTENBERG_END = re.compile(r"^\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split running text into sentences. Paragraph breaks (blank lines) always end a sentence;
+    single line breaks inside a paragraph are joined (hard-wrapped books)."""
+    sentences: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = " ".join(paragraph.split())
+        if not paragraph:
+            continue
+        start = 0
+        for m in _BOUNDARY.finditer(paragraph):
+            end = m.start() + len(m.group(1))
+            prev_word = paragraph[start:m.start()].rsplit(" ", 1)[-1].rstrip(".").lower()
+            if prev_word in _ABBREVIATIONS or (len(prev_word) == 1 and prev_word.isalpha()):
+                continue  # "Mr. Smith", "J. Austen": not a sentence end
+            sentences.append(paragraph[start:end].strip())
+            start = m.end()
+        tail = paragraph[start:].strip()
+        if tail:
+            sentences.append(tail)
+    return [s for s in sentences if s]
+
+
+def strip_gutenberg_boilerplate(text: str) -> str:
+    """The book between Project Gutenberg's START and END markers (the text as is without them)."""
+    start = _GUTENBERG_START.search(text)
+    if start:
+        text = text[start.end():]
+    end = _GUTENBERG_END.search(text)
+    if end:
+        text = text[:end.start()]
+    return text
+
+
+def _split_batch(batch: dict[str, list], text_column: str, strip_gutenberg: bool) -> dict[str, list]:
+    out = []
+    for text in batch[text_column]:
+        text = text or ""
+        if strip_gutenberg:
+            text = strip_gutenberg_boilerplate(text)
+        out.append(split_sentences(text))
+    return {"sentences": out}
+
+
+def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: bool, num_proc: int | None,
+                       cache_file: str | None) -> datasets.Dataset:
+    if text_column not in ds.column_names:
+        raise ValueError(
+            f"the corpus has no column {text_column!r} (columns: {ds.column_names}); set data.text_column."
+        )
+    kwargs: dict[str, Any] = {}
+    if isinstance(ds, datasets.Dataset):
+        n = len(ds)
+        kwargs = {"num_proc": (num_proc if n >= 2 * (num_proc or 1) else None), "cache_file_name": cache_file,
+                  "desc": "splitting sentences"}
+        if not kwargs["num_proc"] or kwargs["num_proc"] <= 1:
+            kwargs.pop("num_proc")
+    return ds.map(
+        _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names,
+        fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg}, **kwargs,
+    )
+
+
+# --- corpora -----------------------------------------------------------------------------------
+
+
+class Corpus:
+    streaming: bool = False
+
+    def key(self) -> dict:
+        return {"corpus": type(self).__name__, **asdict(self)}
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.key())
+
+    def documents(self, cache_dir: Path) -> datasets.Dataset | Iterable[dict]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+@dataclass
+class SyntheticCorpus(Corpus):
+    """The artificial language of ``pretrainlab.data.synthetic``; ``num_documents`` sets the size."""
+
+    num_documents: int = 2000
+    min_sentences: int = 8
+    max_sentences: int = 20
+    num_topics: int = 16
+    seed: int = 0
+
+    def key(self) -> dict:
+        return {**super().key(), "generator_version": GENERATOR_VERSION}
+
+    def documents(self, cache_dir: Path) -> datasets.Dataset:
+        language = SyntheticLanguage(seed=self.seed, num_topics=self.num_topics)
+        texts = generate_documents(self.num_documents, self.min_sentences, self.max_sentences, language)
+        return datasets.Dataset.from_dict({"sentences": [split_sentences(t) for t in texts]})
+
+    def describe(self) -> str:
+        return f"synthetic language ({self.num_documents} documents, seed {self.seed})"
+
+
+_LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class TextFiles(Corpus):
+    """Local files. ``.txt``: one document per file (``doc_split: file``) or documents separated by
+    blank lines (``doc_split: blank_line``). ``.jsonl``/``.json``/``.parquet``: one document per
+    row, text in ``text_column``. Paths may be globs or directories (all supported files below)."""
+
+    files: list[str] | str = field(default_factory=list)
+    doc_split: str = "file"
+    text_column: str = "text"
+    strip_gutenberg: bool = True
+    num_proc: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.files, str):
+            self.files = [self.files]
+        self.files = [str(f) for f in self.files]
+        if self.doc_split not in ("file", "blank_line"):
+            raise ValueError(f"data.doc_split must be 'file' or 'blank_line', got {self.doc_split!r}.")
+
+    def resolve(self) -> list[Path]:
+        if not self.files:
+            raise FileNotFoundError(
+                "data=text needs files: pass data.files=[path/to/a.txt,...] (files, directories or globs)."
+            )
+        found: list[Path] = []
+        for pattern in self.files:
+            p = Path(os.path.expanduser(pattern))
+            if p.is_dir():
+                found += sorted(q for q in p.rglob("*") if q.suffix.lower() in _LOADERS)
+            elif any(ch in pattern for ch in "*?["):
+                found += sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True))
+            elif p.is_file():
+                found.append(p)
+            else:
+                raise FileNotFoundError(f"data.files: {pattern} does not exist.")
+        if not found:
+            raise FileNotFoundError(f"data.files={self.files} matched no .txt/.jsonl/.json/.parquet file.")
+        kinds = {_LOADERS.get(p.suffix.lower()) for p in found}
+        if None in kinds:
+            bad = [str(p) for p in found if p.suffix.lower() not in _LOADERS][:3]
+            raise ValueError(f"unsupported file type: {bad}; use .txt, .jsonl, .json or .parquet.")
+        if len(kinds) > 1:
+            raise ValueError(f"data.files mixes file types {sorted(kinds)}; use one type per corpus.")
+        empty = [str(p) for p in found if p.stat().st_size == 0]
+        if empty:
+            raise ValueError(f"empty data file(s): {empty[:5]}; remove them from data.files.")
+        return sorted(set(found))
+
+    def key(self) -> dict:
+        files = self.resolve()
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        return {"corpus": "TextFiles", "files": stats, "doc_split": self.doc_split,
+                "text_column": self.text_column, "strip_gutenberg": self.strip_gutenberg}
+
+    def documents(self, cache_dir: Path) -> datasets.Dataset:
+        files = self.resolve()
+        loader = _LOADERS[files[0].suffix.lower()]
+        kwargs: dict[str, Any] = {}
+        column = self.text_column
+        if loader == "text":
+            kwargs["sample_by"] = "document" if self.doc_split == "file" else "paragraph"
+            kwargs["keep_linebreaks"] = True
+            column = "text"
+        ds = datasets.load_dataset(
+            loader, data_files=[str(f) for f in files], split="train",
+            cache_dir=str(cache_dir / "hf-datasets"), **kwargs,
+        )
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        out = _sentences_dataset(ds, column, self.strip_gutenberg, self.num_proc or os.cpu_count(),
+                                 str(cache_dir / f"sentences-{self.fingerprint()}.arrow"))
+        return out
+
+    def describe(self) -> str:
+        return f"{len(self.resolve())} local file(s)"
+
+
+@dataclass
+class HubSource:
+    path: str
+    name: str | None = None
+    split: str = "train"
+    text_column: str = "text"
+    # WikiText stores one line per row with " = Title = " headings between articles
+    doc_split: str = "row"  # row | wikitext_headings
+
+
+@dataclass
+class HubCorpus(Corpus):
+    """Datasets from the Hugging Face hub, concatenated. ``streaming: true`` reads them lazily
+    (nothing is downloaded in full), for corpora that do not fit on disk; ``max_documents``
+    caps how many documents are used (per source)."""
+
+    sources: list[dict] = field(default_factory=list)
+    streaming: bool = False
+    max_documents: int | None = None
+    strip_gutenberg: bool = False
+
+    def _sources(self) -> list[HubSource]:
+        if not self.sources:
+            raise ValueError("data.sources is empty: list at least one {path: ..., name: ...} hub dataset.")
+        return [HubSource(**dict(s)) for s in self.sources]
+
+    def _load(self, src: HubSource, cache_dir: Path):
+        try:
+            return datasets.load_dataset(
+                src.path, src.name, split=src.split, streaming=self.streaming,
+                cache_dir=str(cache_dir / "hf-datasets"),
+            )
+        except Exception as e:  # noqa: BLE001 - re-raised with what to do
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+            raise ConnectionError(
+                f"could not load the hub dataset {src.path}"
+                f"{'/' + src.name if src.name else ''} ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+                + ("HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set. " if offline else "")
+                + "This corpus needs the Hugging Face hub (network access, or a populated HF cache). "
+                "Offline, use data=synthetic or data=text data.files=[...]."
+            ) from e
+
+    def _documents_of(self, src: HubSource, ds) -> Iterable[str]:
+        if src.doc_split == "wikitext_headings":
+            yield from _wikitext_articles(row[src.text_column] for row in ds)
+        else:
+            for row in ds:
+                yield row[src.text_column]
+
+    def iter_documents(self, cache_dir: Path) -> Iterable[dict]:
+        for src in self._sources():
+            ds = self._load(src, cache_dir)
+            for n, text in enumerate(self._documents_of(src, ds)):
+                if self.max_documents is not None and n >= self.max_documents:
+                    break
+                if self.strip_gutenberg:
+                    text = strip_gutenberg_boilerplate(text)
+                sentences = split_sentences(text)
+                if sentences:
+                    yield {"sentences": sentences}
+
+    def documents(self, cache_dir: Path):
+        if self.streaming:
+            return _Reiterable(self, cache_dir)
+        return datasets.Dataset.from_generator(
+            self.iter_documents, gen_kwargs={"cache_dir": cache_dir},
+            cache_dir=str(cache_dir / "hf-datasets"),
+        )
+
+    def describe(self) -> str:
+        return "hub: " + ", ".join(s["path"] for s in self.sources)
+
+
+class _Reiterable:
+    """A streamed corpus that can be iterated more than once (each pass re-opens the stream)."""
+
+    def __init__(self, corpus: HubCorpus, cache_dir: Path):
+        self.corpus, self.cache_dir = corpus, cache_dir
+
+    def __iter__(self):
+        return iter(self.corpus.iter_documents(self.cache_dir))
+
+
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+def _wikitext_articles(lines: Iterable[str]) -> Iterable[str]:
+    """WikiText rows are lines; an article starts at a level-1 heading `` = Title = ``."""
+    article: list[str] = []
+    for line in lines:
+        if _WIKITEXT_TITLE.match(line.rstrip("\n")) and article:
+            yield "\n".join(article)
+            article = []
+        stripped = line.strip()
+        if stripped and not stripped.startswith("="):
+            article.append(stripped + "\n")  # each WikiText line is a paragraph
+    if article:
+        yield "\n".join(article)

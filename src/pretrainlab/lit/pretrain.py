@@ -1,0 +1,138 @@
+"""PretrainModule: the shared encoder + one objective plugin, optimised with AdamW.
+
+The module owns the encoder (exported for fine-tuning) and the objective (its heads, ELECTRA's
+generator). Everything objective-specific happens in ``objective.forward``; this class only
+optimises, counts and logs:
+
+    train/loss, train/<objective metrics>, val/...    from ObjectiveOutput
+    train/lr, train/tokens_seen, train/flops          for compute-matched comparisons
+    perf/tokens_per_s                                 wall-clock throughput of the training step
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.objectives.base import Batch, Objective
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then linear decay to ``min_lr_ratio`` x lr at the last step.
+
+    Weight decay skips biases and LayerNorm weights (every parameter with fewer than 2 dims).
+    ``warmup`` below 1 is a fraction of the training steps; 1 or more is a number of steps.
+    """
+
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    warmup: float = 0.06
+    min_lr_ratio: float = 0.0
+    grad_clip: float | None = 1.0
+    fused: bool | None = None  # None: fused kernels where this torch supports them
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr}.")
+        if self.warmup < 0:
+            raise ValueError(f"optim.warmup must be >= 0, got {self.warmup}.")
+
+    def warmup_steps(self, max_steps: int) -> int:
+        return int(round(self.warmup * max_steps)) if self.warmup < 1 else int(self.warmup)
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(min_ratio, 1.0 - (1.0 - min_ratio) * min(1.0, progress))
+
+
+class PretrainModule(L.LightningModule):
+    def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig,
+                 max_steps: int, seq_len: int):
+        super().__init__()
+        self.encoder = Encoder(encoder_config)
+        self.objective = objective
+        self.optim = optim
+        self.max_steps = max_steps
+        self.flops_per_token = float(objective.flops_per_token(self.encoder, seq_len))
+        # counters saved in checkpoints, so a resumed run keeps counting where it stopped
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))
+        self._step_start: float | None = None
+
+    # --- steps ----------------------------------------------------------------------------------
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        out = self.objective(self.encoder, batch)
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(
+                f"non-finite training loss ({out.loss.item()}) at step {self.global_step}: training stopped, "
+                f"checkpoints written so far are untouched. Lower optim.lr, raise optim.warmup, or use "
+                f"trainer.precision=bf16-mixed instead of 16-mixed."
+            )
+        n_tokens = batch["n_tokens"].to(torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            n_tokens = n_tokens.clone()
+            dist.all_reduce(n_tokens)
+        self.tokens_seen += n_tokens
+        self._step_tokens = n_tokens
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", out.loss.detach(), prog_bar=True, batch_size=bs)
+        for name, value in out.metrics.items():
+            self.log(f"train/{name}", value, prog_bar=name.endswith("acc"), batch_size=bs)
+        self.log("train/tokens_seen", self.tokens_seen, batch_size=bs)
+        self.log("train/flops", self.tokens_seen * self.flops_per_token, batch_size=bs)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
+        return out.loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        out = self.objective(self.encoder, batch)
+        bs = batch["input_ids"].shape[0]
+        self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=bs)
+        for name, value in out.metrics.items():
+            self.log(f"val/{name}", value, sync_dist=True, batch_size=bs)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self._step_start is not None:
+            elapsed = time.perf_counter() - self._step_start
+            tokens = float(self._step_tokens) if self.global_step % self.trainer.log_every_n_steps == 0 else None
+            if tokens is not None and elapsed > 0:
+                self.log("perf/tokens_per_s", tokens / elapsed, batch_size=batch["input_ids"].shape[0])
+
+    # --- optimisation ---------------------------------------------------------------------------
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.optim.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        kwargs = {}
+        if self.optim.fused is not False:
+            kwargs["fused"] = True
+        try:
+            opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps, **kwargs)
+        except (RuntimeError, ValueError):
+            if self.optim.fused:
+                raise
+            opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps)
+        warmup = self.optim.warmup_steps(self.max_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_lambda(s, warmup, self.max_steps, self.optim.min_lr_ratio)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+__all__ = ["OptimConfig", "PretrainModule", "lr_lambda"]

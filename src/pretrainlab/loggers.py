@@ -1,0 +1,74 @@
+"""Experiment loggers: Weights & Biases (offline by default), CSV, or none.
+
+W&B runs are written under the run directory (``<run_dir>/wandb/offline-run-*``) and can be
+uploaded later with ``wandb sync <run_dir>/wandb/offline-run-*``. The composed config is logged as
+a flat dict of dotted keys plus ``choice.<group>`` entries, so keys locked by a W&B sweep (e.g.
+``objective``) never hide the composed groups' values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list) and any(isinstance(x, (dict, list)) for x in d):
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
+    model = choices.get("model", "model")
+    return f"{cfg.objective.name}-{model}-s{cfg.seed}"
+
+
+def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> Logger | bool:
+    lcfg = cfg.get("logger")
+    if not lcfg or not lcfg.get("_target_"):
+        return False
+    kwargs: dict[str, Any] = {"save_dir": str(run_dir)}
+    target = lcfg["_target_"]
+    if target.endswith("WandbLogger"):
+        kwargs["name"] = lcfg.get("name") or run_name(cfg, choices)
+        kwargs["group"] = lcfg.get("group") or cfg.objective.name
+        # a resumed run continues the same W&B run
+        id_file = run_dir / ".wandb_id"
+        if lcfg.get("id") is None:
+            if id_file.is_file():
+                kwargs["id"] = id_file.read_text().strip()
+                kwargs["resume"] = "allow"
+    logger = instantiate(lcfg, **kwargs)
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    params.update({f"choice.{k}": v for k, v in choices.items()})
+    logger.log_hyperparams(params)
+    if isinstance(logger, WandbLogger):
+        _remember_id(logger, run_dir / ".wandb_id")
+    return logger
+
+
+@rank_zero_only
+def _remember_id(logger: WandbLogger, path: Path) -> None:
+    path.write_text(logger.experiment.id)
+
+
+@rank_zero_only
+def finish_logger(logger: Logger | bool) -> None:
+    """Close the W&B run, so that the next run in this process (multirun, tests) starts a new one."""
+    if isinstance(logger, WandbLogger):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()

@@ -1,0 +1,243 @@
+"""The shared BERT-family encoder.
+
+One transformer encoder serves every objective, so that a difference in downstream results can
+be blamed on the objective and nothing else. It reads top to bottom:
+
+    EncoderConfig  validated shapes (BERT, pre-LN, ALBERT factorisation + sharing, ELECTRA sizes)
+    Embeddings     token + learned position + segment embeddings -> LayerNorm -> dropout
+    SelfAttention  fused QKV projection, F.scaled_dot_product_attention with a padding mask
+    Layer          attention + GELU feed-forward, each with a residual and LayerNorm (post or pre)
+    Encoder        embeddings -> (projection) -> layers -> (final LN) -> hidden states, pooled [CLS]
+
+There is no loss and no ``labels=`` argument here: heads and losses belong to the objectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work, with a sentence saying why and what to change."""
+
+
+@dataclass
+class EncoderConfig:
+    """Shape of the encoder. Every field changes results, so every field names the run.
+
+    ``embedding_size`` different from ``hidden_size`` factorises the embeddings (ALBERT, ELECTRA):
+    tokens are embedded in a small space and projected to the hidden size once. ``share_layers`` makes all
+    layers one set of parameters (ALBERT's cross-layer sharing).
+    """
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int | None = None  # default 4 * hidden_size
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    embedding_size: int | None = None  # default hidden_size (no factorisation)
+    share_layers: bool = False
+    pre_layer_norm: bool = False  # post-LN is BERT's; pre-LN trains more stably when deep
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    add_pooler: bool = True
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size", "embedding_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}.")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}: "
+                f"each head gets hidden_size / num_heads dimensions. Choose num_heads among "
+                f"{[h for h in range(1, min(self.hidden_size, 64) + 1) if self.hidden_size % h == 0]}."
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {p}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def factorized(self) -> bool:
+        return self.embedding_size != self.hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def scaled(self, width: float) -> "EncoderConfig":
+        """Same depth and embeddings at ``width`` x the hidden size: ELECTRA's generator.
+
+        As in the official implementation: hidden = round(width * H), one head per 64 dimensions,
+        feed-forward 4 x hidden, no pooler.
+        """
+        hidden = max(1, int(round(self.hidden_size * width)))
+        heads = max(1, hidden // 64)
+        while hidden % heads:
+            heads -= 1
+        return EncoderConfig(**{**self.to_dict(), "hidden_size": hidden, "num_heads": heads,
+                                "intermediate_size": 4 * hidden, "add_pooler": False})
+
+
+class EncoderOutput(NamedTuple):
+    hidden_states: torch.Tensor  # (batch, seq, hidden)
+    pooled: torch.Tensor | None  # (batch, hidden): tanh(dense([CLS])), when the config has a pooler
+
+
+class Embeddings(nn.Module):
+    """Word + position + segment embeddings, summed, normalised. Output width: embedding_size."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.embedding_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.embedding_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.embedding_size)
+        self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:seq_len]
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # one matmul instead of three
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.attention_dropout = cfg.attention_dropout
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.attention_dropout if self.training else 0.0
+        )
+        return self.out(y.transpose(1, 2).reshape(b, t, h))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.pre_ln = cfg.pre_layer_norm
+        self.attention = SelfAttention(cfg)
+        self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pre_ln:
+            x = x + self.dropout(self.attention(self.attention_norm(x), attn_mask))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class Encoder(nn.Module):
+    """The shared encoder. ``embeddings`` may be passed in to share them (ELECTRA's generator)."""
+
+    def __init__(self, cfg: EncoderConfig, embeddings: Embeddings | None = None):
+        super().__init__()
+        self.config = cfg
+        self._shared_embeddings = embeddings is not None
+        if embeddings is None:
+            self.embeddings = Embeddings(cfg)
+        else:
+            # Keep a reference without registering it: the owner of the embeddings saves them once.
+            object.__setattr__(self, "embeddings", embeddings)
+        width = embeddings.word_embeddings.embedding_dim if embeddings is not None else cfg.embedding_size
+        # Factorised (or shared, narrower/wider) embeddings are projected to the hidden size once.
+        self.embedding_projection = nn.Linear(width, cfg.hidden_size) if width != cfg.hidden_size else None
+        n_distinct = 1 if cfg.share_layers else cfg.num_layers
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_distinct))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.add_pooler else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded."""
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ConfigError(
+                f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
+                f"{self.config.max_position_embeddings}; shorten the inputs or use a model with more positions."
+            )
+        x = self.embeddings(input_ids, token_type_ids)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)
+        # (batch, 1, 1, keys): every query may look at every real key, never at padding.
+        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        for i in range(self.config.num_layers):
+            x = self.layers[0 if self.config.share_layers else i](x, attn_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        return EncoderOutput(x, pooled)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward + backward FLOPs per token (6 x matmul params + attention scores), Kaplan-style."""
+        cfg = self.config
+        per_layer = 2 * (4 * cfg.hidden_size**2 + 2 * cfg.hidden_size * cfg.intermediate_size)
+        attention = 2 * 2 * seq_len * cfg.hidden_size  # QK^T and AV
+        proj = 2 * cfg.embedding_size * cfg.hidden_size if self.embedding_projection is not None else 0
+        forward = cfg.num_layers * (per_layer + attention) + proj
+        return 3.0 * forward
+
+
+def count_parameters(cfg: EncoderConfig) -> int:
+    with torch.device("meta"):
+        return Encoder(cfg).num_parameters()
+
+
+__all__ = ["ConfigError", "Embeddings", "Encoder", "EncoderConfig", "EncoderOutput", "count_parameters"]

@@ -1,0 +1,64 @@
+"""Prediction heads that sit on the shared encoder. Objectives own them; the encoder never does."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MaskedLMHead(nn.Module):
+    """Transform (dense, GELU, LayerNorm) then a decoder tied to the input word embeddings.
+
+    Tying: the decoder reuses the word-embedding matrix, which halves the vocabulary parameters and
+    is what BERT, ALBERT and ELECTRA do. The transform maps hidden -> embedding size, so factorised
+    embeddings (ALBERT) tie just as well. Only the rows given are scored: callers pass the hidden
+    states of the masked positions (sparse prediction), ~15% of the tokens instead of all of them,
+    which removes most of the vocabulary-sized matmul and log-softmax.
+    """
+
+    def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, layer_norm_eps: float = 1e-12):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        nn.init.normal_(self.dense.weight, std=0.02)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """hidden: (n, hidden_size) rows to score; returns (n, vocab) logits."""
+        h = self.norm(F.gelu(self.dense(hidden)))
+        return F.linear(h, word_embeddings, self.bias)
+
+
+class PairHead(nn.Module):
+    """Two-way classifier on the pooled [CLS] vector: next-sentence (NSP) or sentence-order (SOP)."""
+
+    def __init__(self, hidden_size: int, num_labels: int = 2):
+        super().__init__()
+        self.classifier = nn.Linear(hidden_size, num_labels)
+        nn.init.normal_(self.classifier.weight, std=0.02)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.classifier(pooled)
+
+
+class TokenHead(nn.Module):
+    """Per-token binary logit (ELECTRA's replaced-token detection): dense, GELU, dense -> 1."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, 1)
+        for layer in (self.dense, self.out):
+            nn.init.normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.dense(hidden))).squeeze(-1)
+
+
+def gather_rows(hidden_states: torch.Tensor, flat_positions: torch.Tensor) -> torch.Tensor:
+    """Rows of (batch, seq, hidden) at flat indices into batch * seq: the masked positions."""
+    return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, flat_positions)

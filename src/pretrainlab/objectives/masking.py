@@ -1,0 +1,152 @@
+"""Pure tensor functions for masked-LM corruption. No global RNG: every call takes a generator.
+
+    select_tokens       choose ~rate of the eligible tokens of each row (unbiased, exact per row)
+    select_ngrams       ALBERT's n-gram spans over whole words, p(n) proportional to 1/n
+    corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """How many tokens to predict and what the model sees in their place."""
+
+    rate: float = 0.15
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate < 1.0:
+            raise ValueError(f"objective.mask_rate must be in (0, 1), got {self.rate}.")
+        if self.mask_token_prob < 0 or self.random_token_prob < 0 or self.mask_token_prob + self.random_token_prob > 1.0:
+            raise ValueError(
+                f"objective.mask_token_prob ({self.mask_token_prob}) + objective.random_token_prob "
+                f"({self.random_token_prob}) must be non-negative and sum to at most 1; the rest stays unchanged."
+            )
+
+
+def _budget(eligible: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Per-row number of tokens to select: rate * n, stochastically rounded so the mean is exact."""
+    n = eligible.sum(dim=1).to(torch.float64)
+    u = torch.rand(n.shape, generator=generator, dtype=torch.float64)
+    k = torch.floor(n * rate + u).to(torch.long)
+    return torch.minimum(k, n.to(torch.long))
+
+
+def select_tokens(eligible: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Bool (batch, seq): a uniformly random subset of the eligible positions of each row.
+
+    The number selected per row is rate x (eligible count), rounded stochastically, so the masked
+    fraction is exact in expectation and has far less variance than independent coin flips.
+    """
+    scores = torch.rand(eligible.shape, generator=generator)
+    scores = scores.masked_fill(~eligible, 2.0)  # ineligible positions sort last
+    ranks = scores.argsort(dim=1).argsort(dim=1)
+    return ranks < _budget(eligible, rate, generator)[:, None]
+
+
+def ngram_probs(max_n: int) -> np.ndarray:
+    """ALBERT's span-length law: p(n) proportional to 1/n for n = 1..max_n."""
+    p = 1.0 / np.arange(1, max_n + 1)
+    return p / p.sum()
+
+
+def word_spans(eligible_row: np.ndarray, continuation_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Token ranges [start, end) of the words of one row: a first piece plus its continuation pieces."""
+    cont = continuation_row & eligible_row
+    starts = np.flatnonzero(eligible_row & ~cont)
+    if len(starts) == 0:
+        return starts, starts
+    # a word runs until the next token that is not one of its continuation pieces
+    breaks = np.flatnonzero(~cont)
+    nxt = np.searchsorted(breaks, starts, side="right")
+    ends = np.where(nxt < len(breaks), breaks[np.minimum(nxt, len(breaks) - 1)], len(eligible_row))
+    return starts, ends
+
+
+def ngram_spans(
+    starts: np.ndarray, ends: np.ndarray, budget: int, max_n: int, generator: torch.Generator
+) -> list[tuple[int, int]]:
+    """ALBERT n-gram spans over the words of one row, as (first word, number of words).
+
+    Each span's length n is drawn with p(n) proportional to 1/n and placed at the next free start
+    in a random order of words; a start where n words would overlap an earlier span, run past the
+    row or join words that are not adjacent is passed over for this n. Where n words would exceed
+    the budget (tokens still to predict), the next shorter n is used. Stops at the budget.
+    """
+    n_words = len(starts)
+    if n_words == 0 or budget <= 0:
+        return []
+    probs = torch.as_tensor(ngram_probs(max_n), dtype=torch.float64)
+    order = torch.randperm(n_words, generator=generator).tolist()
+    draws = (torch.multinomial(probs, n_words, replacement=True, generator=generator) + 1).tolist()
+    adjacent = np.append(ends[:-1] == starts[1:], False)  # word w is followed directly by word w+1
+    taken = np.zeros(n_words, dtype=bool)
+    spans, covered, d = [], 0, 0
+    for w in order:
+        if covered >= budget or d >= len(draws):
+            break
+        if taken[w]:
+            continue
+        n = draws[d]
+        # longest run of free, adjacent words from w (at most n)
+        run = 1
+        while run < n and w + run < n_words and adjacent[w + run - 1] and not taken[w + run]:
+            run += 1
+        if run < n:
+            continue  # this start cannot host n words; keep n for the next start
+        while n > 0 and covered + int(ends[w + n - 1] - starts[w]) > budget:
+            n -= 1  # the budget forces a shorter n-gram
+        d += 1
+        if n == 0:
+            continue
+        taken[w:w + n] = True
+        covered += int(ends[w + n - 1] - starts[w])
+        spans.append((w, n))
+    return spans
+
+
+def select_ngrams(
+    eligible: torch.Tensor,
+    continuation: torch.Tensor,
+    rate: float,
+    max_n: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Bool (batch, seq): ALBERT n-gram masking of whole words, ~rate of the eligible tokens.
+
+    ``continuation`` marks pieces inside a word (WordPiece ``##``): a span never splits a word.
+    """
+    budgets = _budget(eligible, rate, generator).tolist()
+    elig = eligible.cpu().numpy()
+    cont = continuation.cpu().numpy()
+    out = np.zeros_like(elig)
+    for row, budget in enumerate(budgets):
+        starts, ends = word_spans(elig[row], cont[row])
+        for w, n in ngram_spans(starts, ends, budget, max_n, generator):
+            out[row, starts[w]:ends[w + n - 1]] = True
+    return torch.from_numpy(out)
+
+
+def corrupt(
+    input_ids: torch.Tensor,
+    selected: torch.Tensor,
+    masking: MaskingConfig,
+    mask_id: int,
+    random_candidates: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """A corrupted copy of ``input_ids``: each selected token independently becomes [MASK] with
+    ``mask_token_prob``, a random non-special token with ``random_token_prob``, else stays."""
+    u = torch.rand(input_ids.shape, generator=generator)
+    to_mask = selected & (u < masking.mask_token_prob)
+    to_random = selected & (u >= masking.mask_token_prob) & (u < masking.mask_token_prob + masking.random_token_prob)
+    out = input_ids.masked_fill(to_mask, mask_id)
+    picks = torch.randint(len(random_candidates), input_ids.shape, generator=generator)
+    return torch.where(to_random, random_candidates[picks], out)

@@ -1,0 +1,179 @@
+"""Compose a pretraining run from its config and run it. ``train.py`` at the repository root is
+the Hydra entry point; tests call :func:`run` with a composed config and a run directory.
+
+Order matters and goes one way: corpus -> tokenizer -> encoder config (vocabulary from the
+tokenizer) -> objective -> examples -> LightningModule -> Trainer -> export.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
+from pretrainlab.data.tokenizer import special_tokens
+from pretrainlab.export import export_encoder
+from pretrainlab.lit.pretrain import PretrainModule
+from pretrainlab.loggers import build_logger, finish_logger
+from pretrainlab.model.encoder import ConfigError, EncoderConfig
+
+log = logging.getLogger("pretrainlab")
+
+
+def hydra_choices() -> dict[str, str]:
+    """The chosen config groups (objective=..., model=...) when running under Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items()
+                    if not k.startswith("hydra") and v is not None}
+    except ImportError:  # pragma: no cover
+        pass
+    return {}
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse settings that cannot work, before anything expensive happens."""
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if on_cpu and precision.startswith("16"):
+        raise ConfigError(
+            f"trainer.precision={precision} on CPU: float16 has no fast CPU kernels and runs orders of "
+            f"magnitude slower. Use trainer.precision=bf16-mixed (or 32-true) on CPU."
+        )
+    if cfg.max_steps < 1:
+        raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}.")
+    max_pos = cfg.model.get("max_position_embeddings", 512)
+    if cfg.max_seq_len > max_pos:
+        raise ConfigError(
+            f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
+            f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
+        )
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """``last`` (this run directory), a run directory, or a checkpoint file."""
+    if not ckpt_path:
+        return None
+    if ckpt_path == "last":
+        p = run_dir / "checkpoints" / "last.ckpt"
+        if not p.is_file():
+            raise FileNotFoundError(
+                f"ckpt_path=last: no checkpoint at {p}. To resume another run, pass ckpt_path=<its run "
+                f"directory> (or hydra.run.dir=<its run directory> ckpt_path=last)."
+            )
+        return str(p)
+    p = Path(os.path.expanduser(ckpt_path))
+    if p.is_dir():
+        p = p / "checkpoints" / "last.ckpt"
+    if not p.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint file at {p}.")
+    return str(p)
+
+
+def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
+    model_vocab = cfg.model.get("vocab_size")
+    if model_vocab is not None and model_vocab != vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {vocab_size} tokens but model.vocab_size={model_vocab}. Set model.vocab_size=null "
+            f"to size the embeddings from the tokenizer, or use a tokenizer with {model_vocab} tokens "
+            f"(tokenizer.vocab_size={model_vocab} if the corpus has enough distinct words)."
+        )
+    return instantiate(cfg.model, vocab_size=vocab_size)
+
+
+def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens):
+    """The objective plugin named by ``cfg.objective._target_``. Late objects (encoder config,
+    special tokens) go in through a partial, so Hydra passes them as they are."""
+    return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
+
+
+def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written."""
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    validate(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    corpus = instantiate(cfg.data)
+    tokenizer_spec = instantiate(cfg.tokenizer)
+    data = PretrainData(corpus, tokenizer_spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
+    tokenizer = data.tokenizer
+    tokens = special_tokens(tokenizer, tokenizer_spec.special_tokens)
+    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    objective = build_objective(cfg, encoder_config, tokens)
+
+    world = _world_size(cfg)
+    if cfg.batch_size % world:
+        raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the {world} devices.")
+    datamodule = PretrainDataModule(
+        data, objective.example_builder(cfg.max_seq_len), objective.collator(), cfg.batch_size // world,
+        cfg.seed, num_workers=cfg.num_workers,
+    )
+    datamodule.prepare()
+    if datamodule.train_store is not None:
+        log.info("examples: %d train (%d tokens), %d val", len(datamodule.train_store),
+                 datamodule.train_store.num_tokens, len(datamodule.val_store))
+
+    optim = instantiate(cfg.optim)
+    module = PretrainModule(encoder_config, objective, optim, cfg.max_steps, cfg.max_seq_len)
+    log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
+             objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
+
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    logger = build_logger(cfg, run_dir, hydra_choices())
+    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
+                                 every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
+                                 save_last=True, save_on_train_epoch_end=False)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, max_steps=cfg.max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
+        callbacks=[checkpoint, TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate)],
+        val_check_interval=min(cfg.val_every, cfg.max_steps), check_val_every_n_epoch=None,
+        gradient_clip_val=optim.grad_clip, use_distributed_sampler=False,
+    )
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
+        if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
+            trainer.save_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # the final state
+        result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        result["global_step"] = trainer.global_step
+        result["run_dir"] = str(run_dir)
+        if trainer.is_global_zero and cfg.export:
+            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
+                "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
+                "tokens_seen": float(module.tokens_seen), "config": OmegaConf.to_container(cfg, resolve=True),
+            })
+            result["encoder_dir"] = str(out)
+            log.info("exported encoder -> %s", out)
+    finally:
+        finish_logger(logger)
+    return result
+
+
+def _world_size(cfg: DictConfig) -> int:
+    devices = cfg.trainer.get("devices", 1)
+    nodes = cfg.trainer.get("num_nodes", 1) or 1
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        return len(devices) * nodes
+    if devices in ("auto", -1, "-1"):
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+            return max(1, torch.cuda.device_count()) * nodes
+        return nodes
+    return int(devices) * nodes

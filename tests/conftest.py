@@ -1,0 +1,45 @@
+"""Shared fixtures. Tests run offline, on data the project generates, with caches in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own pretrainlab cache, so no test reads another's results."""
+    monkeypatch.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+# a small, fast configuration for end-to-end runs
+SMALL = [
+    "model=tiny", "data.num_documents=300", "max_seq_len=64", "batch_size=16", "logger=csv",
+    "num_workers=0", "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false", "tokenizer.vocab_size=1000",
+]
+
+
+def random_documents(n_docs: int, seed: int = 0, vocab=(5, 500)) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        [rng.integers(*vocab, size=int(rng.integers(1, 30))).astype(np.int32) for _ in range(int(rng.integers(1, 12)))]
+        for _ in range(n_docs)
+    ]

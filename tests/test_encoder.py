@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
+from tests.conftest import compose_train
+from hydra.utils import instantiate
+
+
+@pytest.mark.parametrize("preset, expected", [("base", 109_482_240), ("large", 335_141_888)])
+def test_bert_presets_have_hugging_face_parameter_counts(preset, expected):
+    cfg = compose_train(f"model={preset}", "model.vocab_size=30522")
+    assert count_parameters(instantiate(cfg.model)) == expected
+
+
+def test_presets_shapes():
+    for preset, (h, layers, heads) in {"tiny": (128, 2, 2), "mini": (256, 4, 4), "small": (512, 4, 8),
+                                        "medium": (512, 8, 8)}.items():
+        c = instantiate(compose_train(f"model={preset}", "model.vocab_size=100").model)
+        assert (c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size) == (h, layers, heads, 4 * h)
+
+
+def test_config_rejects_impossible_shapes_with_a_readable_message():
+    with pytest.raises(ConfigError, match="not divisible by model.num_heads"):
+        EncoderConfig(vocab_size=100, hidden_size=100, num_heads=3)
+    with pytest.raises(ConfigError, match="positive integer"):
+        EncoderConfig(vocab_size=0)
+    with pytest.raises(ConfigError, match="hidden_dropout"):
+        EncoderConfig(vocab_size=10, hidden_dropout=1.5)
+
+
+def tiny(**kw):
+    return EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
+                         attention_dropout=0.0, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True}])
+def test_padding_does_not_change_real_tokens(kw):
+    torch.manual_seed(0)
+    enc = Encoder(tiny(**kw)).eval()
+    ids = torch.randint(5, 50, (2, 7))
+    padded = torch.cat([ids, torch.zeros(2, 5, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(2, 7), torch.zeros(2, 5)], dim=1)
+    a = enc(ids).hidden_states
+    b = enc(padded, attention_mask=mask).hidden_states[:, :7]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # without the mask the padding leaks into the real tokens
+    c = enc(padded).hidden_states[:, :7]
+    assert not torch.allclose(a, c, atol=1e-4)
+
+
+def test_architecture_options():
+    shared = Encoder(tiny(share_layers=True))
+    separate = Encoder(tiny())
+    assert len(shared.layers) == 1 and len(separate.layers) == 2
+    assert shared.num_parameters() < separate.num_parameters()
+    fact = Encoder(tiny(embedding_size=8))
+    assert fact.embeddings.word_embeddings.weight.shape == (50, 8) and fact.embedding_projection is not None
+    assert Encoder(tiny(pre_layer_norm=True)).final_norm is not None
+    assert Encoder(tiny(add_pooler=False))(torch.randint(0, 50, (1, 4))).pooled is None
+
+
+def test_segment_ids_matter_and_long_inputs_are_refused():
+    torch.manual_seed(0)
+    enc = Encoder(tiny(max_position_embeddings=16)).eval()
+    ids = torch.randint(5, 50, (1, 8))
+    out0 = enc(ids, token_type_ids=torch.zeros_like(ids)).hidden_states
+    out1 = enc(ids, token_type_ids=torch.ones_like(ids)).hidden_states
+    assert not torch.allclose(out0, out1)
+    with pytest.raises(ConfigError, match="exceeds model.max_position_embeddings=16"):
+        enc(torch.randint(5, 50, (1, 17)))

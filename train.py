@@ -1,0 +1,23 @@
+"""Pretrain the shared encoder with one objective.
+
+    python train.py                                   # RoBERTa on the embedded synthetic corpus
+    python train.py objective=electra model=mini
+    python train.py data=text data.files=[books/]     # your own .txt / .jsonl / .parquet files
+    python train.py -m objective=bert,albert,roberta,electra seed=0,1
+
+Configs live in conf/ (see conf/train.yaml); every run writes to its own directory under runs/.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    from pretrainlab.train import run
+
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
