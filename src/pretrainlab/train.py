@@ -139,9 +139,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)
+    callbacks: list = [checkpoint]
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate))
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_steps=cfg.max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
-        callbacks=[checkpoint, TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate)],
+        callbacks=callbacks,
         val_check_interval=min(cfg.val_every, cfg.max_steps), check_val_every_n_epoch=None,
         gradient_clip_val=optim.grad_clip, use_distributed_sampler=False,
     )

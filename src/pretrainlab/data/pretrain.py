@@ -276,7 +276,11 @@ class PretrainData:
 
                 def build(tmp: Path) -> None:
                     table = examples_to_table(builder(docs, rng))
-                    datasets.Dataset(table).save_to_disk(str(tmp))
+                    datasets.disable_progress_bars()
+                    try:
+                        datasets.Dataset(table).save_to_disk(str(tmp))
+                    finally:
+                        datasets.enable_progress_bars()
 
                 _atomic_dir(final, build)
                 log.info("%s examples: built in %.1fs -> %s", split, time.perf_counter() - t, final)

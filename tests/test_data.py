@@ -1,0 +1,158 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pretrainlab.data.corpus import HubCorpus, SyntheticCorpus, TextFiles, split_sentences, strip_gutenberg_boilerplate
+from pretrainlab.data.pretrain import EpochBatches, PretrainData
+from pretrainlab.data.synthetic import STAGES
+from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
+from pretrainlab.objectives.pairs import PackedBlocks
+
+
+def test_sentence_splitting():
+    text = "Mr. Smith went to Washington. He said \"Stop!\" Then he left.\nThis line is\nwrapped.\n\nNew paragraph"
+    assert split_sentences(text) == [
+        "Mr. Smith went to Washington.", "He said \"Stop!\"", "Then he left.", "This line is wrapped.", "New paragraph",
+    ]
+
+
+def test_gutenberg_boilerplate_is_stripped():
+    book = "Header\nlicence\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\nThe story. It ends.\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nlicence"
+    assert split_sentences(strip_gutenberg_boilerplate(book)) == ["The story.", "It ends."]
+
+
+def test_synthetic_corpus_is_seeded_and_ordered(tmp_path):
+    a = SyntheticCorpus(num_documents=50, seed=3).documents(tmp_path)
+    b = SyntheticCorpus(num_documents=50, seed=3).documents(tmp_path)
+    c = SyntheticCorpus(num_documents=50, seed=4).documents(tmp_path)
+    assert a["sentences"] == b["sentences"] and a["sentences"] != c["sentences"]
+    for doc in a["sentences"]:
+        assert 8 <= len(doc) <= 20
+        # discourse order: stage markers never go back within a document
+        stages = [STAGES.index(s.split()[0].lower()) for s in doc if s.split()[0].lower() in STAGES]
+        assert stages == sorted(stages) and stages[0] == 0 and stages[-1] == len(STAGES) - 1
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_text_files_one_document_per_file_or_per_blank_line(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    write(tmp_path / "corpus" / "a.txt", "First doc. Two sentences.\n\nStill first doc.")
+    write(tmp_path / "corpus" / "b.txt", "Second doc here.")
+    per_file = TextFiles(files=[str(tmp_path / "corpus")], doc_split="file").documents(tmp_path / "c1")
+    assert sorted(map(len, per_file["sentences"])) == [1, 3]
+    per_para = TextFiles(files=[str(tmp_path / "corpus" / "*.txt")], doc_split="blank_line").documents(tmp_path / "c2")
+    assert len(per_para) == 3
+
+
+def test_jsonl_and_parquet_with_a_text_column(tmp_path):
+    rows = [{"body": "Alpha one. Alpha two."}, {"body": "Beta one."}]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    docs = TextFiles(files=[str(tmp_path / "d.jsonl")], text_column="body").documents(tmp_path / "c1")
+    assert docs["sentences"] == [["Alpha one.", "Alpha two."], ["Beta one."]]
+    pq.write_table(pa.table({"body": [r["body"] for r in rows]}), tmp_path / "d.parquet")
+    docs = TextFiles(files=[str(tmp_path / "d.parquet")], text_column="body").documents(tmp_path / "c2")
+    assert len(docs) == 2
+    with pytest.raises(ValueError, match="no column 'text'"):
+        TextFiles(files=[str(tmp_path / "d.parquet")]).documents(tmp_path / "c3")
+
+
+def test_missing_and_empty_files_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TextFiles(files=[str(tmp_path / "nope.txt")]).resolve()
+    with pytest.raises(FileNotFoundError, match="needs files"):
+        TextFiles(files=[]).resolve()
+    write(tmp_path / "empty.txt", "")
+    with pytest.raises(ValueError, match="empty data file"):
+        TextFiles(files=[str(tmp_path / "empty.txt")]).resolve()
+    write(tmp_path / "blank.txt", "   \n\n  ")
+    data = PretrainData(TextFiles(files=[str(tmp_path / "blank.txt")]), TokenizerSpec(), tmp_path / "cache")
+    with pytest.raises(ValueError, match="no documents|no tokens|empty"):
+        data.tokenized
+
+
+def test_hub_corpus_offline_fails_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    corpus = HubCorpus(sources=[{"path": "Salesforce/wikitext", "name": "wikitext-103-raw-v1"}])
+    with pytest.raises(ConnectionError, match="needs the Hugging Face hub.*data=synthetic"):
+        list(corpus.iter_documents(tmp_path))
+
+
+def test_tokenizer_and_tokenized_corpus_are_cached(tmp_path, monkeypatch):
+    corpus = SyntheticCorpus(num_documents=60)
+    spec = TokenizerSpec(vocab_size=500)
+    first = PretrainData(corpus, spec, tmp_path)
+    docs1 = first.tokenized
+    tokenizer_files = list((tmp_path / "tokenizers").rglob("tokenizer.json"))
+    assert len(tokenizer_files) == 1
+
+    # a second run must neither train a tokenizer nor tokenize again
+    def boom(*a, **k):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(TokenizerSpec, "train", boom)
+    monkeypatch.setattr("pretrainlab.data.pretrain._tokenize_batch", boom)
+    second = PretrainData(corpus, spec, tmp_path)
+    assert second.tokenizer.to_str() == first.tokenizer.to_str()
+    assert np.array_equal(second.tokenized.tokens, docs1.tokens)
+    # different settings or a different corpus: a different cache entry
+    third = PretrainData(corpus, TokenizerSpec(vocab_size=400), tmp_path)
+    monkeypatch.undo()
+    third.tokenizer
+    assert len(list((tmp_path / "tokenizers").rglob("tokenizer.json"))) == 2
+
+
+def test_bpe_and_pretrained_tokenizers(tmp_path):
+    corpus = SyntheticCorpus(num_documents=40)
+    bpe = PretrainData(corpus, TokenizerSpec(kind="bpe", vocab_size=600), tmp_path)
+    tokens = special_tokens(bpe.tokenizer)
+    assert tokens.is_continuation.any() and not tokens.is_continuation.all()
+    path = tmp_path / "tok.json"
+    bpe.tokenizer.save(str(path))
+    loaded = PretrainData(corpus, TokenizerSpec(kind="pretrained", path=str(path)), tmp_path)
+    assert loaded.tokenizer.get_vocab() == bpe.tokenizer.get_vocab()
+    with pytest.raises(ValueError, match="no mask token '<mask>'"):
+        special_tokens(loaded.tokenizer, {"mask": "<mask>"})
+    with pytest.raises(FileNotFoundError, match="tokenizer.path"):
+        TokenizerSpec(kind="pretrained", path=str(tmp_path / "missing.json")).key("x")
+
+
+def test_examples_are_cached_and_splits_are_disjoint(tmp_path):
+    data = PretrainData(SyntheticCorpus(num_documents=80), TokenizerSpec(vocab_size=500), tmp_path, val_fraction=0.1)
+    train, val = data.split_indices("train"), data.split_indices("val")
+    assert len(val) == 8 and not set(train) & set(val) and len(train) + len(val) == 80
+    tokens = special_tokens(data.tokenizer)
+    builder = PackedBlocks(64, tokens.cls_id, tokens.sep_id)
+    store = data.examples(builder, "train")
+    assert len(list((tmp_path / "examples").iterdir())) >= 1
+    again = PretrainData(SyntheticCorpus(num_documents=80), TokenizerSpec(vocab_size=500), tmp_path, val_fraction=0.1)
+    assert np.array_equal(again.examples(builder, "train")[3]["input_ids"], store[3]["input_ids"])
+    n_train_tokens = sum(len(s) for d in train for s in data.tokenized[int(d)])
+    body = store.columns["input_ids"][0]
+    assert int(np.sum(body > 4)) == n_train_tokens  # packing kept every training token
+
+
+def test_batches_cover_each_epoch_once_and_ranks_are_disjoint():
+    n, bs = 103, 8
+    seen = []
+    for rank in range(2):
+        sampler = EpochBatches(n, bs, seed=1, rank=rank, world_size=2)
+        sampler.set_epoch(3)
+        seen.append([i for key in sampler for i in key.example_ids])
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) == len(seen[1]) == (n // (bs * 2)) * bs
+    epoch4 = EpochBatches(n, bs, seed=1)
+    epoch4.set_epoch(4)
+    epoch3 = EpochBatches(n, bs, seed=1)
+    epoch3.set_epoch(3)
+    assert [k.example_ids for k in epoch3] != [k.example_ids for k in epoch4]
+    with pytest.raises(ValueError, match="no full batch"):
+        EpochBatches(5, 8, seed=0)

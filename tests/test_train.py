@@ -1,0 +1,108 @@
+"""End-to-end runs of the pretraining entry point on the embedded synthetic corpus."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrainlab.export import load_encoder
+from pretrainlab.model.encoder import ConfigError
+from pretrainlab.train import run
+from tests.conftest import ROOT, SMALL, compose_train
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    files = sorted(run_dir.glob("csv/version_*/metrics.csv"))
+    return [r for f in files for r in csv.DictReader(f.open())]
+
+
+def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(tmp_path):
+    cfg = compose_train(*SMALL, "max_steps=12", "val_every=6", "checkpoint_every=6")
+    result = run(cfg, tmp_path)
+    assert result["global_step"] == 12
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "config.yaml").is_file()
+    rows = metrics(tmp_path)
+    logged = set().union(*(r.keys() for r in rows))
+    for key in ("train/loss", "train/mlm_loss", "train/mlm_acc", "val/loss", "val/mlm_loss", "val/mlm_acc",
+                "train/lr", "train/tokens_seen", "train/flops", "perf/tokens_per_s"):
+        assert key in logged, key
+    encoder, tokenizer, meta = load_encoder(tmp_path)
+    assert meta["pretraining"]["objective"] == "roberta" and meta["pretraining"]["global_step"] == 12
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    for k, v in encoder.state_dict().items():
+        torch.testing.assert_close(v, state[f"encoder.{k}"])
+    ids = torch.tensor([tokenizer.encode("The kolam sees a drum.").ids])
+    assert encoder.eval()(ids).hidden_states.shape == (1, ids.shape[1], 128)
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    first = tmp_path / "first"
+    run(compose_train(*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false"), first)
+    ckpt = torch.load(first / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 20
+    tokens_at_20 = float(ckpt["state_dict"]["tokens_seen"])
+    second = tmp_path / "second"
+    result = run(compose_train(*SMALL, "max_steps=30", "val_every=10", "checkpoint_every=10", "export=false",
+                               f"ckpt_path={first}"), second)
+    assert result["global_step"] == 30
+    steps = sorted({int(r["step"]) for r in metrics(second) if r.get("train/loss")})
+    assert steps[0] >= 20, "the resumed run started over"
+    resumed = torch.load(second / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert float(resumed["state_dict"]["tokens_seen"]) > tokens_at_20
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run(compose_train(*SMALL, "ckpt_path=last"), tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["max_seq_len=64", "model.max_position_embeddings=32"], "exceeds model.max_position_embeddings=32"),
+    (["model.vocab_size=123"], "the tokenizer has .* tokens but model.vocab_size=123"),
+    (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "bf16-mixed"),
+])
+def test_bad_settings_fail_early_with_a_clear_message(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        run(compose_train(*SMALL, "max_steps=2", *overrides), tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    good = tmp_path / "run"
+    run(compose_train(*SMALL, "max_steps=4", "checkpoint_every=4", "val_every=4", "export=false"), good)
+    before = (good / "checkpoints" / "last.ckpt").read_bytes()
+
+    from pretrainlab.objectives.roberta import RoBERTa
+    real_forward, calls = RoBERTa.forward, []
+
+    def diverging(self, encoder, batch):  # the loss blows up on the third training step
+        out = real_forward(self, encoder, batch)
+        if self.training:
+            calls.append(1)
+            if len(calls) >= 3:
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(RoBERTa, "forward", diverging)
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at step 6"):
+        run(compose_train(*SMALL, "max_steps=40", "checkpoint_every=100", "val_every=100", f"ckpt_path={good}"), good)
+    assert (good / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "PRETRAINLAB_CACHE": str(tmp_path / "cache")}
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "train.py", "model=tiny", "data.num_documents=200", "max_seq_len=64", "batch_size=16",
+         "max_steps=6", "val_every=3", "checkpoint_every=3", "num_workers=0", "tokenizer.vocab_size=800",
+         f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "encoder" / "encoder.safetensors").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
