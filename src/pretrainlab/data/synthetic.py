@@ -24,7 +24,7 @@ import random
 from dataclasses import asdict, dataclass
 
 # Bump when the generator changes what it produces: it is part of every cache key of the corpus.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "st", "tr"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
@@ -87,7 +87,7 @@ class _Lexicon:
 def _noun_phrase(rng: random.Random, noun: str, plural: bool, definite: bool, adjectives: list[str]) -> list[str]:
     det = "the" if definite else ("some" if plural else "a")
     words = [det]
-    if adjectives and rng.random() < 0.3:
+    if adjectives and rng.random() < 0.5:
         words.append(rng.choice(adjectives))
     words.append(noun + "en" if plural else noun)
     return words
@@ -97,7 +97,7 @@ def _document(rng: random.Random, lex: _Lexicon, n_sentences: int) -> list[str]:
     topic = lex.topics[rng.randrange(len(lex.topics))]
 
     def content(kind: str) -> str:
-        pool = topic[kind] if kind == "adjectives" or rng.random() < 0.9 else lex.shared[kind]
+        pool = topic[kind] if kind == "adjectives" or rng.random() < 0.97 else lex.shared[kind]
         return rng.choice(pool)
 
     # stage markers only move forward: spread the document over the stage list

@@ -168,20 +168,20 @@ class Layer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """The shared encoder. ``embeddings`` may be passed in to share them (ELECTRA's generator)."""
+    """The shared encoder.
 
-    def __init__(self, cfg: EncoderConfig, embeddings: Embeddings | None = None):
+    ``own_embeddings=False`` builds the layers only; ``forward`` then takes another encoder's
+    ``embeddings`` (ELECTRA's generator shares the discriminator's, which are saved once, there).
+    """
+
+    def __init__(self, cfg: EncoderConfig, own_embeddings: bool = True):
         super().__init__()
         self.config = cfg
-        self._shared_embeddings = embeddings is not None
-        if embeddings is None:
-            self.embeddings = Embeddings(cfg)
-        else:
-            # Keep a reference without registering it: the owner of the embeddings saves them once.
-            object.__setattr__(self, "embeddings", embeddings)
-        width = embeddings.word_embeddings.embedding_dim if embeddings is not None else cfg.embedding_size
-        # Factorised (or shared, narrower/wider) embeddings are projected to the hidden size once.
-        self.embedding_projection = nn.Linear(width, cfg.hidden_size) if width != cfg.hidden_size else None
+        self.embeddings = Embeddings(cfg) if own_embeddings else None
+        # Factorised (or borrowed, differently sized) embeddings are projected to the hidden size once.
+        self.embedding_projection = (
+            nn.Linear(cfg.embedding_size, cfg.hidden_size) if cfg.embedding_size != cfg.hidden_size else None
+        )
         n_distinct = 1 if cfg.share_layers else cfg.num_layers
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_distinct))
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
@@ -203,14 +203,16 @@ class Encoder(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        embeddings: Embeddings | None = None,
     ) -> EncoderOutput:
-        """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded."""
+        """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
+        ``embeddings``: another encoder's embeddings, for an encoder built without its own."""
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ConfigError(
                 f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                 f"{self.config.max_position_embeddings}; shorten the inputs or use a model with more positions."
             )
-        x = self.embeddings(input_ids, token_type_ids)
+        x = (embeddings if embeddings is not None else self.embeddings)(input_ids, token_type_ids)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         # (batch, 1, 1, keys): every query may look at every real key, never at padding.

@@ -1,0 +1,46 @@
+"""ALBERT (Lan et al., 2020): n-gram masking of whole words + sentence-order prediction.
+
+ALBERT's architecture (factorised embeddings, cross-layer sharing) is a model preset
+(``model=albert_base``), not part of the objective: the objective runs on any encoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pretrainlab.model.encoder import EncoderConfig
+from pretrainlab.objectives.base import Batch, MaskedLMCollator
+from pretrainlab.objectives.bert import BERT
+from pretrainlab.objectives.masking import select_ngrams
+from pretrainlab.tokens import SpecialTokens
+
+
+@dataclass(frozen=True, eq=False)
+class NgramMaskingCollator(MaskedLMCollator):
+    """Selects n-gram spans of whole words (p(n) proportional to 1/n, n <= max_ngram) up to the
+    prediction budget; the 80/10/10 corruption is then drawn per token."""
+
+    max_ngram: int = 3
+
+    def select(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        ids = batch["input_ids"]
+        continuation = torch.from_numpy(self.tokens.is_continuation)[ids]
+        return select_ngrams(self.eligible(ids), continuation, self.masking.rate, self.max_ngram, generator)
+
+
+class ALBERT(BERT):
+    """MLM with n-gram masking + SOP: A and B are consecutive segments, swapped half the time."""
+
+    pair_task = "sop"
+
+    def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "albert",
+                 max_ngram: int = 3, **kwargs):
+        super().__init__(encoder_config, tokens, name, **kwargs)
+        if max_ngram < 1:
+            raise ValueError(f"objective.max_ngram must be at least 1, got {max_ngram}.")
+        self.max_ngram = max_ngram
+
+    def collator(self) -> NgramMaskingCollator:
+        return NgramMaskingCollator(self.tokens, self.masking, self.max_ngram)

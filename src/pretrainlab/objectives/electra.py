@@ -1,0 +1,128 @@
+"""ELECTRA (Clark et al., 2020): replaced-token detection.
+
+A small generator (same depth, ``generator_scale`` x the width) is trained as a masked LM and
+fills the masked positions with tokens sampled from its own distribution; the discriminator (the
+shared encoder, which is what gets exported) predicts, for every non-padding token, whether it was
+replaced. Generator and discriminator share the token, position and segment embeddings, which live
+in the discriminator; the generator's MLM head is tied to them.
+
+    loss = gen_weight x generator MLM loss + disc_weight x discriminator loss (default 1 and 50)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.model.heads import MaskedLMHead, TokenHead, gather_rows
+from pretrainlab.objectives.base import Batch, MaskedLMCollator, Objective, ObjectiveOutput, mlm_head_flops
+from pretrainlab.objectives.masking import MaskingConfig
+from pretrainlab.objectives.pairs import Example, PackedBlocks
+from pretrainlab.tokens import SpecialTokens
+
+
+@dataclass(frozen=True, eq=False)
+class ElectraCollator(MaskedLMCollator):
+    """Masks like the MLM collator and adds ``sample_seed``: the seed of the generator's sampling
+    for this batch, so replacements too come from the batch's explicit randomness."""
+
+    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+        batch = super().__call__(examples, generator)
+        batch["sample_seed"] = torch.randint(0, 2**62, (), generator=generator)
+        return batch
+
+
+def gumbel_max_sample(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    """One sample per row from softmax(logits / temperature): argmax(logits / T + Gumbel noise)."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+    gumbel = -torch.log(-torch.log(u.clamp_(1e-9, 1.0 - 1e-9)))
+    return (logits.float() / temperature + gumbel).argmax(dim=-1)
+
+
+class ELECTRA(Objective):
+    def __init__(
+        self,
+        encoder_config: EncoderConfig,
+        tokens: SpecialTokens,
+        name: str = "electra",
+        mask_rate: float = 0.15,
+        mask_token_prob: float = 0.85,
+        random_token_prob: float = 0.0,
+        generator_scale: float = 0.25,
+        gen_weight: float = 1.0,
+        disc_weight: float = 50.0,
+        temperature: float = 1.0,
+    ):
+        super().__init__(encoder_config, tokens, name)
+        if not 0.0 < generator_scale <= 1.0:
+            raise ValueError(f"objective.generator_scale must be in (0, 1], got {generator_scale}.")
+        if temperature <= 0:
+            raise ValueError(f"objective.temperature must be positive, got {temperature}.")
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
+        self.gen_weight, self.disc_weight, self.temperature = gen_weight, disc_weight, temperature
+        self.generator_config = encoder_config.scaled(generator_scale)
+        g = self.generator_config
+        self.generator = Encoder(g, own_embeddings=False)
+        self.generator_head = MaskedLMHead(g.hidden_size, g.embedding_size, g.vocab_size, g.layer_norm_eps)
+        self.discriminator_head = TokenHead(encoder_config.hidden_size)
+
+    def example_builder(self, max_seq_len: int) -> PackedBlocks:
+        return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
+
+    def collator(self) -> ElectraCollator:
+        return ElectraCollator(self.tokens, self.masking)
+
+    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+        ids, types, attention = batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
+        positions, originals = batch["mlm_positions"], batch["mlm_labels"]
+        word_embeddings = encoder.embeddings.word_embeddings.weight
+
+        # generator: masked LM on the corrupted input, through the shared embeddings
+        gen = self.generator(ids, types, attention, embeddings=encoder.embeddings)
+        gen_logits = self.generator_head(gather_rows(gen.hidden_states, positions), word_embeddings).float()
+        gen_loss = F.cross_entropy(gen_logits, originals)
+
+        # sample replacements; no gradient flows through the sample
+        with torch.no_grad():
+            rng = torch.Generator(device=gen_logits.device)
+            rng.manual_seed(int(batch["sample_seed"]))
+            sampled = gumbel_max_sample(gen_logits.detach(), self.temperature, rng)
+            disc_ids = ids.flatten().index_put((positions,), sampled).view_as(ids)
+            replaced = torch.zeros(ids.numel(), dtype=torch.float32, device=ids.device)
+            replaced[positions] = (sampled != originals).float()  # a sample equal to the original is "original"
+            replaced = replaced.view_as(ids)
+
+        # discriminator: replaced or original, for every non-padding token
+        disc = encoder(disc_ids, types, attention)
+        disc_logits = self.discriminator_head(disc.hidden_states).float()
+        real = attention.bool()
+        disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], replaced[real])
+
+        loss = self.gen_weight * gen_loss + self.disc_weight * disc_loss
+        with torch.no_grad():
+            pred = disc_logits[real] > 0
+            target = replaced[real] > 0.5
+            tp = (pred & target).sum().float()
+            metrics = {
+                "gen_mlm_loss": gen_loss.detach(),
+                "gen_mlm_acc": (gen_logits.argmax(-1) == originals).float().mean(),
+                "rtd_loss": disc_loss.detach(),
+                "rtd_acc": (pred == target).float().mean(),
+                "rtd_precision": tp / pred.sum().clamp(min=1),
+                "rtd_recall": tp / target.sum().clamp(min=1),
+                "replaced_frac": target.float().mean(),
+            }
+        return ObjectiveOutput(loss, metrics)
+
+    def flops_per_token(self, encoder: Encoder, seq_len: int) -> float:
+        # discriminator encoder + its per-token head, generator encoder + its sparse MLM head
+        h = self.encoder_config.hidden_size
+        disc_head = 3.0 * 2 * (h * h + h)
+        generator = self.generator.flops_per_token(seq_len) + mlm_head_flops(self.generator_config, self.masking.rate)
+        return encoder.flops_per_token(seq_len) + disc_head + generator
+
+
+__all__ = ["ELECTRA", "ElectraCollator", "gumbel_max_sample"]
