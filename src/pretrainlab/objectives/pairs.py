@@ -92,9 +92,10 @@ class SentencePairs(ExampleBuilder):
     (``max_len - 3``; with probability ``short_seq_prob`` a random shorter one). A chunk is cut at a
     random sentence boundary into A and B. Then:
 
-    task="nsp": with probability 1/2 (always, when the chunk is one sentence) B is replaced by
-        sentences from a different, randomly chosen document (label 1 = random); the sentences of
-        the chunk that B would have used are put back and start the next chunk.
+    task="nsp": with probability 1/2 B is replaced by sentences from a different, randomly chosen
+        document (label 1 = random); the sentences of the chunk that B would have used are put back
+        and start the next chunk. A one-sentence chunk is cut inside the sentence for its real
+        continuation (BERT instead always pairs it with a random B, which tilts the labels).
     task="sop": A and B stay consecutive; with probability 1/2 they are swapped (label 1 =
         swapped). A one-sentence chunk is cut inside the sentence.
 
@@ -145,9 +146,14 @@ class SentencePairs(ExampleBuilder):
             i += 1
 
     def _nsp(self, chunk, documents, d, target, rng) -> tuple[Example | None, int]:
-        a_end = 1 if len(chunk) < 2 else int(rng.integers(1, len(chunk)))
-        a = np.concatenate(chunk[:a_end])
-        if len(chunk) == 1 or rng.random() < 0.5:
+        if len(chunk) >= 2:
+            a_end = int(rng.integers(1, len(chunk)))
+            a, b_real = np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:])
+        else:  # one sentence: its second part is the real continuation of its first
+            a_end, only = 1, chunk[0]
+            cut = int(rng.integers(1, len(only))) if len(only) >= 2 else len(only)
+            a, b_real = only[:cut], only[cut:]
+        if len(b_real) == 0 or rng.random() < 0.5:
             other = int(rng.integers(0, len(documents) - 1))
             other += other >= d  # uniformly among the *other* documents
             sentences = [s for s in documents[other] if len(s)]
@@ -163,8 +169,7 @@ class SentencePairs(ExampleBuilder):
             b = np.concatenate(b_parts)
             label, put_back = 1, len(chunk) - a_end
         else:
-            b = np.concatenate(chunk[a_end:])
-            label, put_back = 0, 0
+            b, label, put_back = b_real, 0, 0
         a, b = self._truncate(a, b, rng)
         return self._pair(a, b, label), put_back
 

@@ -1,0 +1,238 @@
+"""Example building and masking of the objectives, with fixed seeds over enough samples."""
+
+import numpy as np
+import pytest
+import torch
+
+from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
+from pretrainlab.objectives.albert import NgramMaskingCollator
+from pretrainlab.objectives.bert import BERT
+from pretrainlab.objectives.electra import ELECTRA, gumbel_max_sample
+from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, select_ngrams, word_spans
+from pretrainlab.objectives.pairs import SentencePairs
+from pretrainlab.tokens import SpecialTokens
+from tests.conftest import compose_train
+from hydra.utils import instantiate
+
+CLS, SEP = 2, 3
+
+
+def tagged_documents(n_docs=300, seed=0):
+    """Token t encodes (document, sentence, position): every example can be traced back."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for d in range(n_docs):
+        sentences = []
+        for s in range(int(rng.integers(4, 15))):
+            length = int(rng.integers(3, 20))
+            sentences.append((10_000_000 + d * 10_000 + s * 100 + np.arange(length)).astype(np.int64))
+        docs.append(sentences)
+    return docs
+
+
+def decode(token):
+    t = int(token) - 10_000_000
+    return t // 10_000, (t % 10_000) // 100
+
+
+def segments(example):
+    ids, types = example["input_ids"], example["token_type_ids"]
+    assert ids[0] == CLS and ids[-1] == SEP
+    sep = np.flatnonzero(ids == SEP)
+    assert len(sep) == 2 and types[:sep[0] + 1].max() == 0 and types[sep[0] + 1:].min() == 1
+    return ids[1:sep[0]], ids[sep[0] + 1:-1]
+
+
+@pytest.mark.parametrize("task", ["nsp", "sop"])
+def test_pair_labels_are_balanced_and_shapes_right(task):
+    examples = list(SentencePairs(128, CLS, SEP, task)(tagged_documents(2500), np.random.default_rng(0)))
+    labels = np.array([int(e["label"]) for e in examples])
+    assert len(examples) > 2500  # the std of the label mean is then <= 1 point: 3 points is 3 sigma
+    assert abs(labels.mean() - 0.5) < 0.03
+    assert all(len(e["input_ids"]) <= 128 for e in examples)
+    lengths = [len(e["input_ids"]) for e in examples]
+    assert np.mean(np.array(lengths) < 64) < 0.5  # mostly filled; a few are short on purpose
+
+
+def test_nsp_negatives_come_from_another_document_and_positives_continue():
+    for e in SentencePairs(128, CLS, SEP, "nsp")(tagged_documents(), np.random.default_rng(1)):
+        a, b = segments(e)
+        doc_a, doc_b = {decode(t)[0] for t in a}, {decode(t)[0] for t in b}
+        assert len(doc_a) == 1 and len(doc_b) == 1
+        if e["label"] == 1:
+            assert doc_a != doc_b
+        else:
+            assert doc_a == doc_b and a.max() < b.min()  # tagged ids grow through a document: B follows A
+
+
+def test_sop_pairs_are_consecutive_segments_of_one_document_swapped_half_the_time():
+    for e in SentencePairs(128, CLS, SEP, "sop")(tagged_documents(), np.random.default_rng(2)):
+        a, b = segments(e)
+        assert len({decode(t)[0] for t in np.concatenate([a, b])}) == 1
+        first, second = (b, a) if e["label"] == 1 else (a, b)
+        # in order: the first segment ends before the second begins (tagged ids grow through a document)
+        assert first.max() < second.min()
+
+
+def test_nsp_keeps_unused_sentences_and_truncates_the_longer_segment():
+    docs = tagged_documents(200, seed=3)
+    examples = list(SentencePairs(64, CLS, SEP, "nsp", short_seq_prob=0.0)(docs, np.random.default_rng(3)))
+    # sentences put back after a random B start the next chunk: every sentence of a document shows up in A or B
+    used = set()
+    for e in examples:
+        a, b = segments(e)
+        used |= {decode(t) for t in (a if e["label"] == 1 else np.concatenate([a, b]))}
+    all_sentences = {(d, s) for d, doc in enumerate(docs) for s in range(len(doc))}
+    assert len(used & all_sentences) / len(all_sentences) > 0.9
+    assert max(len(e["input_ids"]) for e in examples) == 64
+
+
+def words_row(rng, n_words, piece_probs=(0.8, 0.15, 0.05)):
+    """A row of word pieces, with English-like WordPiece splits (most words one piece): ids and
+    continuation flags (piece ids >= 500 continue a word)."""
+    ids, cont = [CLS], [False]
+    for _ in range(n_words):
+        k = int(rng.choice(len(piece_probs), p=piece_probs)) + 1
+        ids += [int(rng.integers(5, 500))] + [int(rng.integers(500, 1000)) for _ in range(k - 1)]
+        cont += [False] + [True] * (k - 1)
+    return ids + [SEP], cont + [False]
+
+
+def test_ngram_lengths_follow_the_one_over_n_law():
+    rng = np.random.default_rng(0)
+    counts = np.zeros(3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(400):  # sequences of ~512 tokens, as ALBERT pretrains
+        ids, cont = words_row(rng, 400)
+        elig = np.array([i not in (CLS, SEP) for i in ids])
+        starts, ends = word_spans(elig, np.array(cont))
+        for _, n in ngram_spans(starts, ends, budget=int(0.15 * elig.sum()), max_n=3, generator=g):
+            counts[n - 1] += 1
+    observed = counts / counts.sum()
+    assert counts.sum() > 10_000
+    np.testing.assert_allclose(ngram_probs(3), [0.5454, 0.2727, 0.1818], atol=1e-3)
+    assert np.all(np.abs(observed - ngram_probs(3)) < 0.02), observed
+
+
+def test_ngram_masking_never_splits_words_and_respects_the_budget():
+    rng = np.random.default_rng(1)
+    vocab = 1000
+    continuation = np.zeros(vocab, dtype=bool)
+    continuation[500:] = True
+    tokens = SpecialTokens(vocab, 0, 1, CLS, SEP, 4, continuation)
+    coll = NgramMaskingCollator(tokens, MaskingConfig(), max_ngram=3)
+    examples = [{"input_ids": np.array(words_row(rng, int(rng.integers(10, 60)))[0], dtype=np.int32)} for _ in range(400)]
+    g = torch.Generator().manual_seed(0)
+    selected_total = eligible_total = 0
+    for i in range(0, 400, 50):
+        batch = coll(examples[i:i + 50], g)
+        ids = torch.zeros_like(batch["input_ids"])
+        for r, e in enumerate(examples[i:i + 50]):
+            ids[r, :len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
+        selected = torch.zeros(ids.numel(), dtype=torch.bool)
+        selected[batch["mlm_positions"]] = True
+        selected = selected.view_as(ids)
+        cont = torch.from_numpy(continuation)[ids]
+        # a continuation piece is selected exactly when the piece before it is
+        prev = torch.cat([torch.zeros_like(selected[:, :1]), selected[:, :-1]], dim=1)
+        assert torch.equal(selected[cont], prev[cont])
+        assert not selected[(ids == CLS) | (ids == SEP) | (ids == 0)].any()
+        eligible = ((ids != CLS) & (ids != SEP) & (ids != 0)).sum(dim=1)
+        assert (selected.sum(dim=1) <= torch.floor(eligible * 0.15) + 1).all()  # never over the budget
+        selected_total += int(selected.sum())
+        eligible_total += int(eligible.sum())
+    assert 0.13 < selected_total / eligible_total <= 0.151
+
+
+def test_albert_preset_has_hugging_face_parameter_count():
+    cfg = compose_train("model=albert_base", "model.vocab_size=30000", "objective=albert")
+    assert count_parameters(instantiate(cfg.model)) == 11_683_584
+
+
+def test_electra_small_preset_has_hugging_face_parameter_count_and_a_quarter_width_generator():
+    cfg = instantiate(compose_train("model=electra_small", "model.vocab_size=30522").model)
+    assert count_parameters(cfg) == 13_483_008
+    gen = cfg.scaled(0.25)
+    assert (gen.hidden_size, gen.num_layers, gen.num_heads, gen.intermediate_size) == (64, 12, 1, 256)
+
+
+def electra_setup(vocab=200):
+    tokens = SpecialTokens(vocab, 0, 1, CLS, SEP, 4, np.zeros(vocab, dtype=bool))
+    cfg = EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=2)
+    return tokens, cfg, ELECTRA(cfg, tokens), Encoder(cfg)
+
+
+def test_electra_labels_are_exact_and_the_generator_shares_the_embeddings():
+    tokens, cfg, obj, enc = electra_setup()
+    rng = np.random.default_rng(0)
+    examples = [{"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 40), [SEP]]).astype(np.int32)} for _ in range(64)]
+    batch = obj.collator()(examples, torch.Generator().manual_seed(0))
+    captured = {}
+    real_disc = obj.discriminator_head.forward
+
+    def spy(hidden):
+        captured["hidden"] = hidden
+        return real_disc(hidden)
+
+    obj.discriminator_head.forward = spy
+    captured_ids = {}
+    real_forward = enc.forward
+
+    def enc_spy(ids, *a, **k):
+        captured_ids.setdefault("ids", ids)
+        return real_forward(ids, *a, **k)
+
+    enc.forward = enc_spy
+    out = obj(enc, batch)
+    disc_ids = captured_ids["ids"].flatten()
+    from pretrainlab.objectives.base import pad_examples
+    original = pad_examples(examples, tokens.pad_id)["input_ids"].flatten()
+    replaced = disc_ids != original
+    # only masked positions may change, and a position is labelled replaced iff its token differs
+    outside = torch.ones_like(replaced)
+    outside[batch["mlm_positions"]] = False
+    assert not replaced[outside].any()
+    real = original != tokens.pad_id
+    assert abs(float(out.metrics["replaced_frac"]) - float(replaced[real].float().mean())) < 1e-6
+    # the generator has no embeddings of its own; its gradient reaches the shared ones
+    assert obj.generator.embeddings is None
+    assert not any("word_embeddings" in n for n, _ in obj.named_parameters())
+    out.loss.backward()
+    assert enc.embeddings.word_embeddings.weight.grad is not None
+    assert obj.generator.layers[0].attention.qkv.weight.grad is not None
+
+
+def test_gumbel_max_samples_follow_the_distribution():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).expand(30_000, 3)
+    samples = gumbel_max_sample(logits, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(samples, minlength=3).float() / len(samples)
+    torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.01, rtol=0)
+
+
+def test_electra_masking_is_85_percent_mask_15_percent_unchanged():
+    tokens, cfg, obj, enc = electra_setup()
+    rng = np.random.default_rng(0)
+    examples = [{"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 120), [SEP]]).astype(np.int32)} for _ in range(100)]
+    batch = obj.collator()(examples, torch.Generator().manual_seed(0))
+    at = batch["input_ids"].flatten()[batch["mlm_positions"]]
+    assert len(at) > 1500
+    assert abs(float((at == 4).float().mean()) - 0.85) < 0.02
+    assert torch.equal(at[at != 4], batch["mlm_labels"][at != 4])
+
+
+def test_pair_objectives_need_a_pooler():
+    tokens = SpecialTokens(100, 0, 1, 2, 3, 4, np.zeros(100, dtype=bool))
+    with pytest.raises(ConfigError, match="model.add_pooler=true"):
+        BERT(EncoderConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=2, add_pooler=False), tokens)
+
+
+def test_every_objective_reports_flops_and_electra_counts_its_generator():
+    tokens = SpecialTokens(1000, 0, 1, 2, 3, 4, np.zeros(1000, dtype=bool))
+    cfg = EncoderConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=2)
+    enc = Encoder(cfg)
+    from pretrainlab.objectives.roberta import RoBERTa
+
+    roberta = RoBERTa(cfg, tokens).flops_per_token(enc, 128)
+    electra = ELECTRA(cfg, tokens).flops_per_token(enc, 128)
+    assert roberta > enc.flops_per_token(128) > 0
+    assert electra > enc.flops_per_token(128) + ELECTRA(cfg, tokens).generator.flops_per_token(128)
