@@ -51,3 +51,18 @@ def test_unknown_choice_lists_the_valid_ones():
     out = subprocess.run([sys.executable, "train.py", "objective=nope"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0
     assert "Could not find 'objective/nope'" in out.stderr and "roberta" in out.stderr
+
+
+EXPERIMENTS = sorted(y.stem for y in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_paper_presets_compose_and_build(name):
+    cfg = compose_train(f"experiment={name}")
+    assert cfg.objective.name in name and cfg.max_steps >= 100_000 and cfg.batch_size >= 128
+    encoder_config = instantiate(cfg.model, vocab_size=cfg.tokenizer.vocab_size)
+    tokens = SpecialTokens(cfg.tokenizer.vocab_size, 0, 1, 2, 3, 4, np.zeros(cfg.tokenizer.vocab_size, dtype=bool))
+    with torch.device("meta"):
+        obj = build_objective(cfg, encoder_config, tokens)
+    assert obj.name == cfg.objective.name
+    assert cfg.max_seq_len <= encoder_config.max_position_embeddings

@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,25 @@ def test_batches_cover_each_epoch_once_and_ranks_are_disjoint():
     assert [k.example_ids for k in epoch3] != [k.example_ids for k in epoch4]
     with pytest.raises(ValueError, match="no full batch"):
         EpochBatches(5, 8, seed=0)
+
+
+def test_streamed_corpus_trains_end_to_end(tmp_path):
+    """The streaming path (hub presets with streaming: true) on a local file: documents are read
+    lazily, tokenized on the fly, built into examples in buffers and masked."""
+    from omegaconf import OmegaConf
+
+    from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
+    from pretrainlab.train import run
+    from tests.conftest import SMALL, compose_train
+
+    texts = generate_documents(400, 8, 12, SyntheticLanguage(seed=5))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in texts))
+    small = [o for o in SMALL if not o.startswith("data.")]
+    cfg = compose_train(*small, "data=wikibooks", "max_steps=6", "val_every=3", "checkpoint_every=3")
+    OmegaConf.update(cfg, "data.sources", [{"path": "json", "data_files": [str(path)], "text_column": "text"}])
+    result = run(cfg, tmp_path / "run")
+    assert result["global_step"] == 6 and result["val/mlm_acc"] >= 0
+    cache = Path(os.environ["PRETRAINLAB_CACHE"])
+    assert (cache / "tokenizers").is_dir()  # the tokenizer was trained on the stream and cached
+    assert not (cache / "tokenized").exists()  # the corpus itself is never materialised

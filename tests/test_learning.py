@@ -1,7 +1,10 @@
 """Each objective must learn: a tiny model, a few hundred steps on the synthetic corpus, and every
 head beats its trivial baseline by a clear margin on held-out documents."""
 
+import os
+
 import numpy as np
+import pytest
 
 from pretrainlab.train import run
 from tests.conftest import compose_train
@@ -11,12 +14,11 @@ LEARN = ["model=tiny", "max_seq_len=64", "batch_size=32", "logger=csv", "num_wor
          "export=false"]
 
 
-def unigram_baseline(tmp_path) -> float:
+def unigram_baseline() -> float:
     """Accuracy of always predicting the most frequent non-special token of the corpus."""
     from pretrainlab.data.corpus import SyntheticCorpus
     from pretrainlab.data.pretrain import PretrainData
     from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
-    import os
 
     data = PretrainData(SyntheticCorpus(), TokenizerSpec(), os.environ["PRETRAINLAB_CACHE"])
     counts = np.bincount(data.tokenized.tokens, minlength=data.tokenizer.get_vocab_size())
@@ -24,9 +26,30 @@ def unigram_baseline(tmp_path) -> float:
     return counts.max() / counts.sum()
 
 
+def train(tmp_path, objective: str, steps: int, *extra: str) -> dict:
+    result = run(compose_train(*LEARN, f"objective={objective}", f"max_steps={steps}", f"val_every={steps}", *extra),
+                 tmp_path)
+    print(objective, {k: round(v, 3) for k, v in result.items() if k.startswith("val/")})
+    return result
+
+
 def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
-    result = run(compose_train(*LEARN, "objective=roberta", "max_steps=500", "val_every=500"), tmp_path)
-    baseline = unigram_baseline(tmp_path)
-    assert 0.1 < baseline < 0.2
-    print(f"roberta: val/mlm_acc {result['val/mlm_acc']:.3f}, unigram baseline {baseline:.3f}")
+    result = train(tmp_path, "roberta", 500)
+    baseline = unigram_baseline()
+    assert 0.1 < baseline < 0.25
     assert result["val/mlm_acc"] > 2 * baseline, (result["val/mlm_acc"], baseline)
+
+
+@pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 600), ("albert", "sop", 900)])
+def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
+    result = train(tmp_path, objective, steps)
+    assert result[f"val/{pair}_acc"] >= 0.8  # chance: 0.5 (balanced labels)
+    assert result["val/mlm_acc"] > 1.5 * unigram_baseline()
+
+
+def test_electra_generator_learns_through_the_shared_embeddings(tmp_path):
+    # The discriminator's head is not asserted here: at this scale and length it does not yet beat
+    # the all-"original" baseline (see the README's note on ELECTRA).
+    result = train(tmp_path, "electra", 400)
+    assert result["val/gen_mlm_acc"] > 2 * unigram_baseline()
+    assert 0.05 < result["val/replaced_frac"] < 0.15  # 15% masked, minus the generator's correct samples

@@ -120,7 +120,7 @@ class SyntheticCorpus(Corpus):
     num_documents: int = 2000
     min_sentences: int = 8
     max_sentences: int = 20
-    num_topics: int = 16
+    num_topics: int = 8
     seed: int = 0
 
     def key(self) -> dict:
@@ -220,6 +220,7 @@ class HubSource:
     name: str | None = None
     split: str = "train"
     text_column: str = "text"
+    data_files: list[str] | str | None = None  # e.g. a subset of a hub dataset's files
     # WikiText stores one line per row with " = Title = " headings between articles
     doc_split: str = "row"  # row | wikitext_headings
 
@@ -243,7 +244,7 @@ class HubCorpus(Corpus):
     def _load(self, src: HubSource, cache_dir: Path):
         try:
             return datasets.load_dataset(
-                src.path, src.name, split=src.split, streaming=self.streaming,
+                src.path, src.name, split=src.split, streaming=self.streaming, data_files=src.data_files,
                 cache_dir=str(cache_dir / "hf-datasets"),
             )
         except Exception as e:  # noqa: BLE001 - re-raised with what to do

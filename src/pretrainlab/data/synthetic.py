@@ -3,9 +3,11 @@
 Documents are stories about one topic, told in order:
 
 - **Syntax and co-occurrence (MLM).** Sentences follow a small grammar
-  ``[stage] DET (ADJ) NOUN VERB DET (ADJ) NOUN (PREP DET NOUN) .`` with number agreement
-  (``a``/``the`` + singular noun + verb ``-s``; ``some``/``the`` + plural ``-en`` noun + bare verb),
-  and each verb prefers its own objects.
+  ``[stage] DET (ADJ) NOUN NUM VERB AGR DET (ADJ) NOUN NUM (PREP DET NOUN NUM) .`` with number
+  agreement carried by particles: ``a``/``the`` + noun + ``ka`` (singular), ``some``/``the`` + noun +
+  ``ki`` (plural), and the verb's particle agrees with its subject (``ta``/``ti``). Each verb prefers
+  its own objects. Agreement across a few positions is also what a discriminator can check when a
+  generator fills masked positions independently (ELECTRA).
 - **Topical coherence (NSP).** Each document has a topic; most content words come from that
   topic's own vocabulary, so a sentence from another document usually belongs to another topic.
 - **Ordered discourse (SOP).** A document's sentences form an entity chain (each sentence's
@@ -24,7 +26,7 @@ import random
 from dataclasses import asdict, dataclass
 
 # Bump when the generator changes what it produces: it is part of every cache key of the corpus.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 5
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "st", "tr"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
@@ -32,6 +34,10 @@ CODAS = ["", "", "", "n", "m", "r", "l", "k", "s"]
 # Stage markers in discourse order: a document walks through them and never goes back.
 STAGES = ["once", "first", "then", "next", "meanwhile", "later", "afterwards", "eventually", "finally"]
 PREPOSITIONS = ["near", "under", "with", "beyond", "inside"]
+# Number is marked by particles: after a noun (singular ka / plural ki) and after a verb, agreeing
+# with the subject (ta / ti). Frequent tokens that must agree across a few positions.
+NOUN_NUMBER = {False: "ka", True: "ki"}
+VERB_AGREEMENT = {False: "ta", True: "ti"}
 
 
 @dataclass(frozen=True)
@@ -39,16 +45,16 @@ class SyntheticLanguage:
     """Vocabulary and grammar of the artificial language (a function of ``seed`` and sizes)."""
 
     seed: int = 0
-    num_topics: int = 16
-    nouns_per_topic: int = 10
-    verbs_per_topic: int = 5
-    adjectives_per_topic: int = 3
-    shared_nouns: int = 12
-    shared_verbs: int = 4
+    num_topics: int = 8
+    nouns_per_topic: int = 6
+    verbs_per_topic: int = 3
+    adjectives_per_topic: int = 2
+    shared_nouns: int = 4
+    shared_verbs: int = 2
 
     def build(self) -> "_Lexicon":
         rng = random.Random(f"lexicon-{self.seed}")
-        seen: set[str] = set(STAGES) | set(PREPOSITIONS) | {"a", "the", "some"}
+        seen: set[str] = set(STAGES) | set(PREPOSITIONS) | {"a", "the", "some", "ka", "ki", "ta", "ti"}
 
         def word(min_syl: int, max_syl: int) -> str:
             while True:
@@ -56,7 +62,7 @@ class SyntheticLanguage:
                     rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)
                     for _ in range(rng.randint(min_syl, max_syl))
                 )
-                if w not in seen and not w.endswith(("s", "en")):
+                if w not in seen:
                     seen.add(w)
                     return w
 
@@ -89,7 +95,7 @@ def _noun_phrase(rng: random.Random, noun: str, plural: bool, definite: bool, ad
     words = [det]
     if adjectives and rng.random() < 0.5:
         words.append(rng.choice(adjectives))
-    words.append(noun + "en" if plural else noun)
+    words += [noun, NOUN_NUMBER[plural]]
     return words
 
 
@@ -115,7 +121,7 @@ def _document(rng: random.Random, lex: _Lexicon, n_sentences: int) -> list[str]:
             words.append(STAGES[stage_pos[k]])
         words += _noun_phrase(rng, subject, subject_plural, definite=i > 0, adjectives=topic["adjectives"])
         verb = content("verbs")
-        words.append(verb if subject_plural else verb + "s")
+        words += [verb, VERB_AGREEMENT[subject_plural]]
         obj = rng.choice(lex.prefs[verb]) if verb in lex.prefs and rng.random() < 0.8 else content("nouns")
         obj_plural = rng.random() < 0.4
         words += _noun_phrase(rng, obj, obj_plural, definite=False, adjectives=topic["adjectives"])
