@@ -236,3 +236,26 @@ def test_every_objective_reports_flops_and_electra_counts_its_generator():
     electra = ELECTRA(cfg, tokens).flops_per_token(enc, 128)
     assert roberta > enc.flops_per_token(128) > 0
     assert electra > enc.flops_per_token(128) + ELECTRA(cfg, tokens).generator.flops_per_token(128)
+
+
+def test_truncation_trims_like_one_token_at_a_time():
+    builder = SentencePairs(40, CLS, SEP, "nsp")
+    rng = np.random.default_rng(0)
+    fronts = []
+    for _ in range(500):
+        la, lb = (int(x) for x in rng.integers(1, 80, 2))
+        a, b = np.arange(la), np.arange(1000, 1000 + lb)
+        ta, tb = builder._truncate(a, b, rng)
+        # reference: remove from the longer one (b on ties) until the pair fits
+        ra, rb = la, lb
+        while ra + rb > 37:
+            if ra > rb:
+                ra -= 1
+            else:
+                rb -= 1
+        assert (len(ta), len(tb)) == (ra, rb)
+        # what remains is a contiguous piece of each segment
+        assert np.array_equal(ta, np.arange(ta[0], ta[0] + ra)) if ra else True
+        if la - ra >= 10:
+            fronts.append(int(ta[0]) / (la - ra))
+    assert abs(np.mean(fronts) - 0.5) < 0.05  # each removal took the front half of the time

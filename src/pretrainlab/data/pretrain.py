@@ -68,6 +68,13 @@ class TokenizedDocuments(Sequence):
         o = self.sentence_offsets
         return [self.tokens[o[s]:o[s + 1]] for s in range(s0, s1)]
 
+    def num_sentences(self, d: int) -> int:
+        return int(self.doc_offsets[d + 1] - self.doc_offsets[d])
+
+    def sentence(self, d: int, i: int) -> np.ndarray:
+        s = self.doc_offsets[d] + i
+        return self.tokens[self.sentence_offsets[s]:self.sentence_offsets[s + 1]]
+
     def subset(self, indices: np.ndarray) -> "_Subset":
         return _Subset(self, indices)
 
@@ -85,6 +92,12 @@ class _Subset(Sequence):
 
     def __getitem__(self, i):  # type: ignore[override]
         return self.docs[int(self.indices[i])]
+
+    def num_sentences(self, i: int) -> int:
+        return self.docs.num_sentences(int(self.indices[i]))
+
+    def sentence(self, i: int, j: int) -> np.ndarray:
+        return self.docs.sentence(int(self.indices[i]), j)
 
 
 class ExampleStore:

@@ -23,10 +23,13 @@ Example = dict[str, np.ndarray]
 
 
 class ExampleBuilder:
-    """Base for builders; ``key()`` names everything that changes the examples (for caching)."""
+    """Base for builders; ``key()`` names everything that changes the examples (for caching).
+    Bump ``version`` when the algorithm changes what it builds."""
+
+    version = 1
 
     def key(self) -> dict:
-        return {"builder": type(self).__name__, **asdict(self)}
+        return {"builder": type(self).__name__, "version": self.version, **asdict(self)}
 
     def __call__(self, documents: Sequence[Document], rng: np.random.Generator) -> Iterator[Example]:
         raise NotImplementedError
@@ -102,6 +105,8 @@ class SentencePairs(ExampleBuilder):
     The longer segment is truncated, one token at a time from a random end, until the pair fits.
     """
 
+    version = 2
+
     max_len: int
     cls_id: int
     sep_id: int
@@ -156,22 +161,32 @@ class SentencePairs(ExampleBuilder):
         if len(b_real) == 0 or rng.random() < 0.5:
             other = int(rng.integers(0, len(documents) - 1))
             other += other >= d  # uniformly among the *other* documents
-            sentences = [s for s in documents[other] if len(s)]
-            if not sentences:
+            b = self._random_segment(documents, other, max(1, target - len(a)), rng)
+            if b is None:
                 return None, 0
-            start = int(rng.integers(0, len(sentences)))
-            b_parts, b_len = [], 0
-            for s in sentences[start:]:
-                b_parts.append(s)
-                b_len += len(s)
-                if b_len >= max(1, target - len(a)):
-                    break
-            b = np.concatenate(b_parts)
             label, put_back = 1, len(chunk) - a_end
         else:
             b, label, put_back = b_real, 0, 0
         a, b = self._truncate(a, b, rng)
         return self._pair(a, b, label), put_back
+
+    @staticmethod
+    def _random_segment(documents, d: int, min_tokens: int, rng: np.random.Generator) -> np.ndarray | None:
+        """Sentences of document ``d`` from a random start until ``min_tokens`` are gathered. Only the
+        sentences used are read (a document can be a whole book)."""
+        n = documents.num_sentences(d) if hasattr(documents, "num_sentences") else len(documents[d])
+        if n == 0:
+            return None
+        start = int(rng.integers(0, n))
+        parts, got = [], 0
+        for i in range(start, n):
+            s = documents.sentence(d, i) if hasattr(documents, "sentence") else documents[d][i]
+            if len(s):
+                parts.append(s)
+                got += len(s)
+                if got >= min_tokens:
+                    break
+        return np.concatenate(parts) if parts else None
 
     def _sop(self, chunk, rng) -> Example | None:
         if len(chunk) >= 2:
@@ -190,15 +205,29 @@ class SentencePairs(ExampleBuilder):
         return self._pair(a, b, swapped)
 
     def _truncate(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Remove one token at a time from the longer segment until the pair fits; each removal
+        takes the front or the back with probability 1/2, so the number taken from the front of a
+        segment is Binomial(removed, 1/2)."""
         max_tokens = self.max_len - 3
-        a_lo, a_hi, b_lo, b_hi = 0, len(a), 0, len(b)
-        while (a_hi - a_lo) + (b_hi - b_lo) > max_tokens:
-            front = rng.random() < 0.5
-            if a_hi - a_lo > b_hi - b_lo:
-                a_lo, a_hi = (a_lo + 1, a_hi) if front else (a_lo, a_hi - 1)
-            else:
-                b_lo, b_hi = (b_lo + 1, b_hi) if front else (b_lo, b_hi - 1)
-        return a[a_lo:a_hi], b[b_lo:b_hi]
+        la, lb = len(a), len(b)
+        excess = la + lb - max_tokens
+        if excess <= 0:
+            return a, b
+        # the longer one is trimmed until both are equal; then, b first on ties, they alternate
+        gap = min(excess, abs(la - lb))
+        if la > lb:
+            la -= gap
+        else:
+            lb -= gap
+        rest = excess - gap
+        la -= rest // 2
+        lb -= rest - rest // 2
+        out = []
+        for seg, keep in ((a, la), (b, lb)):
+            removed = len(seg) - keep
+            front = int(rng.binomial(removed, 0.5)) if removed else 0
+            out.append(seg[front:len(seg) - (removed - front)])
+        return out[0], out[1]
 
     def _pair(self, a: np.ndarray, b: np.ndarray, label: int) -> Example:
         ids = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]]).astype(np.int32)
