@@ -20,7 +20,8 @@ from typing import Any, Iterable
 
 import datasets
 
-from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, fingerprint, generate_documents
+from pretrainlab.data.hashing import fingerprint
+from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, generate_documents
 
 # --- sentence splitting ------------------------------------------------------------------------
 

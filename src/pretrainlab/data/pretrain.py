@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from pretrainlab.data.corpus import Corpus
-from pretrainlab.data.synthetic import fingerprint
+from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.tokenizer import TokenizerSpec
 from pretrainlab.objectives.pairs import Example, ExampleBuilder
 

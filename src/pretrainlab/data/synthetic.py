@@ -20,10 +20,8 @@ Everything is drawn from ``random.Random(seed)``: the same settings give the sam
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 # Bump when the generator changes what it produces: it is part of every cache key of the corpus.
 GENERATOR_VERSION = 5
@@ -150,11 +148,3 @@ def generate_documents(
     return [
         " ".join(_document(rng, lex, rng.randint(min_sentences, max_sentences))) for _ in range(num_documents)
     ]
-
-
-def fingerprint(obj: dict) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def language_key(language: SyntheticLanguage) -> dict:
-    return asdict(language)

@@ -16,7 +16,7 @@ import numpy as np
 from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from pretrainlab.data.synthetic import fingerprint
+from pretrainlab.data.hashing import fingerprint
 from pretrainlab.tokens import SpecialTokens
 
 SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
