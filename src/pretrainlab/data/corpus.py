@@ -82,16 +82,12 @@ def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: 
         raise ValueError(
             f"the corpus has no column {text_column!r} (columns: {ds.column_names}); set data.text_column."
         )
-    kwargs: dict[str, Any] = {}
-    if isinstance(ds, datasets.Dataset):
-        n = len(ds)
-        kwargs = {"num_proc": (num_proc if n >= 2 * (num_proc or 1) else None), "cache_file_name": cache_file,
-                  "desc": "splitting sentences"}
-        if not kwargs["num_proc"] or kwargs["num_proc"] <= 1:
-            kwargs.pop("num_proc")
+    # worker processes pay off only with a few documents for each
+    parallel = num_proc if num_proc and num_proc > 1 and len(ds) >= 2 * num_proc else None
     return ds.map(
-        _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names,
-        fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg}, **kwargs,
+        _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names, num_proc=parallel,
+        fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg},
+        cache_file_name=cache_file, desc="splitting sentences",
     )
 
 

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -222,8 +223,7 @@ class PretrainData:
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             spec = self.tokenizer_spec
-            cached = spec.kind != "pretrained" and (
-                self.cache_dir / "tokenizers" / spec.key(self.corpus_key) / "tokenizer.json").is_file()
+            cached = spec.kind != "pretrained" and spec.cache_path(self.corpus_key, self.cache_dir).is_file()
             t = time.perf_counter()
             self._tokenizer = spec.get(self.sentences(), self.corpus_key, self.cache_dir)
             how = "loaded from cache" if cached else ("loaded" if spec.kind == "pretrained" else "trained")
@@ -231,7 +231,7 @@ class PretrainData:
                      self._tokenizer.get_vocab_size(), time.perf_counter() - t)
         return self._tokenizer
 
-    @property
+    @cached_property
     def tokenized_key(self) -> str:
         return fingerprint({"corpus": self.corpus_key, "tokenizer": self.tokenizer.to_str()})
 
@@ -384,11 +384,11 @@ class StreamingBatches(IterableDataset):
 
     def __init__(self, data: PretrainData, builder: ExampleBuilder, collator, batch_size: int, seed: int,
                  split: str, val_documents: int = 200, buffer_documents: int = 1000, rank: int = 0,
-                 world_size: int = 1, max_batches: int | None = None):
+                 world_size: int = 1):
         self.data, self.builder, self.collator = data, builder, collator
         self.batch_size, self.seed, self.split = batch_size, seed, split
         self.val_documents, self.buffer_documents = val_documents, buffer_documents
-        self.rank, self.world_size, self.max_batches = rank, world_size, max_batches
+        self.rank, self.world_size = rank, world_size
 
     def _documents(self) -> Iterator[list[np.ndarray]]:
         tok = self.data.tokenizer
@@ -410,7 +410,6 @@ class StreamingBatches(IterableDataset):
         rng = np.random.default_rng([self.seed, self.rank, info.id if info else 0])
         buffer: list = []
         pending: list[Example] = []
-        batches = 0
         for doc in self._documents():
             buffer.append(doc)
             if len(buffer) >= self.buffer_documents:
@@ -419,9 +418,6 @@ class StreamingBatches(IterableDataset):
             while len(pending) >= self.batch_size:
                 yield self._batch(pending[:self.batch_size], rng)
                 pending = pending[self.batch_size:]
-                batches += 1
-                if self.max_batches is not None and batches >= self.max_batches:
-                    return
         if len(buffer) >= 2:
             pending += self._examples(buffer, rng)
         while len(pending) >= self.batch_size or (pending and self.split == "val"):

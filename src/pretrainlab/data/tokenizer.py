@@ -63,13 +63,17 @@ class TokenizerSpec:
             raise FileNotFoundError(f"tokenizer.path: {p} does not exist (expected a tokenizer.json).")
         return p
 
+    def cache_path(self, corpus_fingerprint: str, cache_dir: Path) -> Path:
+        """Where a tokenizer trained on this corpus with these settings is cached."""
+        return cache_dir / "tokenizers" / self.key(corpus_fingerprint) / "tokenizer.json"
+
     def get(self, sentences: Iterable[str], corpus_fingerprint: str, cache_dir: Path) -> Tokenizer:
         """Load the cached tokenizer for this corpus and spec, or train (or load) and cache it."""
         if self.kind == "pretrained":
             tok = Tokenizer.from_file(str(self._pretrained_path()))
             special_tokens(tok, self.special_tokens)  # validates the specials are there
             return tok
-        path = cache_dir / "tokenizers" / self.key(corpus_fingerprint) / "tokenizer.json"
+        path = self.cache_path(corpus_fingerprint, cache_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
             if path.is_file():

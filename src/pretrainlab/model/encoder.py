@@ -72,14 +72,6 @@ class EncoderConfig:
             if not 0.0 <= p < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {p}.")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def factorized(self) -> bool:
-        return self.embedding_size != self.hidden_size
-
     def to_dict(self) -> dict:
         return asdict(self)
 

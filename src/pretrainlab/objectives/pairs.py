@@ -127,10 +127,7 @@ class SentencePairs(ExampleBuilder):
 
     def _document(self, documents: Sequence[Document], d: int, rng: np.random.Generator) -> Iterator[Example]:
         doc = [s for s in documents[d] if len(s)]
-        max_tokens = self.max_len - 3
-        target = max_tokens
-        if rng.random() < self.short_seq_prob:
-            target = int(rng.integers(2, max_tokens + 1))
+        target = self._target_length(rng)
         chunk: list[np.ndarray] = []
         length = 0
         i = 0
@@ -147,8 +144,13 @@ class SentencePairs(ExampleBuilder):
                 if example is not None:
                     yield example
                 chunk, length = [], 0
-                target = max_tokens if rng.random() >= self.short_seq_prob else int(rng.integers(2, max_tokens + 1))
+                target = self._target_length(rng)
             i += 1
+
+    def _target_length(self, rng: np.random.Generator) -> int:
+        """Tokens to gather for a pair: max_len - 3, or with probability short_seq_prob fewer."""
+        max_tokens = self.max_len - 3
+        return int(rng.integers(2, max_tokens + 1)) if rng.random() < self.short_seq_prob else max_tokens
 
     def _nsp(self, chunk, documents, d, target, rng) -> tuple[Example | None, int]:
         if len(chunk) >= 2:
