@@ -47,9 +47,14 @@ def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     assert result["val/mlm_acc"] > 1.5 * unigram_baseline()
 
 
-def test_electra_generator_learns_through_the_shared_embeddings(tmp_path):
-    # The discriminator's head is not asserted here: at this scale and length it does not yet beat
-    # the all-"original" baseline (see the README's note on ELECTRA).
-    result = train(tmp_path, "electra", 500)
+def test_electra_generator_and_discriminator_learn(tmp_path):
+    # At this scale the discriminator sits on the all-"original" plateau until it has seen enough
+    # replacements: with 15% masking it is still there after 1,200 steps, with 30% (and lr 1e-3) it
+    # leaves it after ~700 (see the README's note on ELECTRA at small scale).
+    result = train(tmp_path, "electra", 1000, "objective.mask_rate=0.3", "optim.lr=1.0e-3")
     assert result["val/gen_mlm_acc"] > 2 * unigram_baseline()
-    assert 0.05 < result["val/replaced_frac"] < 0.15  # 15% masked, minus the generator's correct samples
+    replaced = result["val/replaced_frac"]
+    assert 0.1 < replaced < 0.3  # 30% masked, minus the generator's correct samples
+    # the discriminator beats always answering "original" (accuracy 1 - replaced) by a clear margin
+    assert result["val/rtd_acc"] > (1 - replaced) + 0.015, (result["val/rtd_acc"], 1 - replaced)
+    assert result["val/rtd_recall"] > 0.1  # it finds a share of the replacements, not one or two
