@@ -24,9 +24,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
-def compose_train(*overrides: str):
+def compose_config(name: str, *overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+        return compose(name, overrides=list(overrides))
+
+
+def compose_train(*overrides: str):
+    return compose_config("train", *overrides)
 
 
 # a small, fast configuration for end-to-end runs

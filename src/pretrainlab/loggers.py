@@ -35,15 +35,19 @@ def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
     return f"{cfg.objective.name}-{model}-s{cfg.seed}"
 
 
-def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> Logger | bool:
+def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: str | None = None,
+                 group: str | None = None, job_type: str = "pretrain", extra: dict | None = None) -> Logger | bool:
+    """The configured logger, with the flattened config logged. W&B runs are named and grouped
+    (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``."""
     lcfg = cfg.get("logger")
     if not lcfg or not lcfg.get("_target_"):
         return False
     kwargs: dict[str, Any] = {"save_dir": str(run_dir)}
     target = lcfg["_target_"]
     if target.endswith("WandbLogger"):
-        kwargs["name"] = lcfg.get("name") or run_name(cfg, choices)
-        kwargs["group"] = lcfg.get("group") or cfg.objective.name
+        kwargs["name"] = lcfg.get("name") or name or run_name(cfg, choices)
+        kwargs["group"] = lcfg.get("group") or group or cfg.objective.name
+        kwargs["job_type"] = job_type
         # a resumed run continues the same W&B run
         id_file = run_dir / ".wandb_id"
         if lcfg.get("id") is None:
@@ -53,6 +57,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> Log
     logger = instantiate(lcfg, **kwargs)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"choice.{k}": v for k, v in choices.items()})
+    params.update(extra or {})
     logger.log_hyperparams(params)
     if isinstance(logger, WandbLogger):
         _remember_id(logger, run_dir / ".wandb_id")

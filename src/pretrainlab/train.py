@@ -41,8 +41,8 @@ def hydra_choices() -> dict[str, str]:
     return {}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Refuse settings that cannot work, before anything expensive happens."""
+def validate_precision(cfg: DictConfig) -> None:
+    """fp16 on CPU is refused: it has no fast kernels there."""
     precision = str(cfg.trainer.get("precision", "32-true"))
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
@@ -51,6 +51,11 @@ def validate(cfg: DictConfig) -> None:
             f"trainer.precision={precision} on CPU: float16 has no fast CPU kernels and runs orders of "
             f"magnitude slower. Use trainer.precision=bf16-mixed (or 32-true) on CPU."
         )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refuse settings that cannot work, before anything expensive happens."""
+    validate_precision(cfg)
     if cfg.max_steps < 1:
         raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}.")
     max_pos = cfg.model.get("max_position_embeddings", 512)
@@ -98,8 +103,11 @@ def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens):
     return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written."""
+def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written.
+
+    ``choices`` (config group -> option, logged as ``choice.<group>``) default to Hydra's runtime
+    choices when running under ``train.py``."""
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -135,7 +143,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
              objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
 
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    logger = build_logger(cfg, run_dir, hydra_choices())
+    logger = build_logger(cfg, run_dir, hydra_choices() if choices is None else choices)
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)

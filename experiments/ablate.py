@@ -1,0 +1,29 @@
+"""A pretraining-objective ablation from one command: pretrain -> GLUE suite -> comparison.
+
+    python experiments/ablate.py                              # all four objectives (conf/ablate.yaml)
+    python experiments/ablate.py study=quick \\
+        pretrain=[model=tiny,max_steps=300] \\
+        glue.overrides=[glue.source=synthetic] glue.seeds=[0,1]
+
+Resumable: re-run the same command and finished pretraining runs and (task, seed) pairs are
+skipped. Output: runs/studies/<study>/ (pretrain/<objective>-s<seed>/, report/).
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="ablate")
+def main(cfg: DictConfig) -> None:
+    from pretrainlab.study import run_study
+
+    run_study(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

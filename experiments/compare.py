@@ -1,0 +1,38 @@
+"""Compare encoders on GLUE: a table objective x task (mean ± std over seeds) with a GLUE score,
+as Markdown, CSV and a PNG bar chart, and (unless --wandb disabled) a W&B run with the table.
+
+    python experiments/compare.py runs/<run a>/glue runs/<run b>/glue runs/<run a>/glue-scratch
+    python experiments/compare.py runs/studies/<study>            # every results file below it
+    python experiments/compare.py wandb:<entity>/<project>        # the fine-tuning runs of a W&B project
+
+The conventions (task score, GLUE score) are written under the table; see pretrainlab/glue/compare.py.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sources", nargs="+", help="results directories/files, or wandb:<entity>/<project>")
+    parser.add_argument("--out", default="comparison", help="output directory (default: ./comparison)")
+    parser.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
+                        help="log the table to W&B (default: offline, sync later with `wandb sync`)")
+    parser.add_argument("--project", default="pretrainlab", help="W&B project (default: pretrainlab)")
+    parser.add_argument("--group", default=None, help="W&B group, e.g. the study's name")
+    args = parser.parse_args(argv)
+
+    from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
+
+    out = Path(args.out)
+    table = write_report(collect(args.sources), out)
+    print(to_markdown(table))
+    print(f"\nwritten: {out}/comparison.md, comparison.csv, comparison.png, comparison.json")
+    if args.wandb != "disabled":
+        log_to_wandb(table, out, project=args.project, mode=args.wandb, group=args.group)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

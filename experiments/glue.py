@@ -1,0 +1,30 @@
+"""Run the GLUE suite for one encoder: every task x several seeds, resumable.
+
+    python experiments/glue.py pretrained=runs/<run>                                 # all tasks, 3 seeds, hub data
+    python experiments/glue.py pretrained=runs/<run> glue.data_dir=glue_data tasks=[rte,mrpc,cola,stsb,sst2]
+    python experiments/glue.py pretrained=runs/<run> glue.source=synthetic seeds=[0,1] task_overrides.lr=1.0e-4
+    python experiments/glue.py pretrained=runs/<run> init=scratch                    # the scratch baseline
+
+Writes <output_dir>/<task>/seed<k>.json and <output_dir>/summary.{json,md}; compare encoders with
+experiments/compare.py. Config: conf/glue.yaml (+ everything in conf/finetune.yaml).
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="glue")
+def main(cfg: DictConfig) -> None:
+    from pretrainlab.glue.suite import run_suite
+
+    run_suite(cfg, list(cfg.tasks), [int(s) for s in cfg.seeds], cfg.output_dir,
+              OmegaConf.to_container(cfg.task_overrides, resolve=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

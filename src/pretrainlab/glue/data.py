@@ -1,0 +1,221 @@
+"""GLUE data: read a task from the Hugging Face hub, a local GLUE directory or the synthetic
+suite, and encode it as ``[CLS] A [SEP] (B [SEP])`` with segment ids for the fine-tuned encoder."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from pretrainlab.glue.tasks import TaskSpec
+from pretrainlab.tokens import SpecialTokens
+
+log = logging.getLogger("pretrainlab")
+
+HUB_DATASET = "nyu-mll/glue"
+
+
+@dataclass
+class GlueSplit:
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: np.ndarray  # int64 class ids, or float32 scores (STS-B)
+
+    def __len__(self) -> int:
+        return len(self.text_a)
+
+    def head(self, n: int | None) -> "GlueSplit":
+        if n is None or n >= len(self):
+            return self
+        return GlueSplit(self.text_a[:n], None if self.text_b is None else self.text_b[:n], self.labels[:n])
+
+
+class GlueDataError(ValueError):
+    """A GLUE file that does not have the layout its task needs."""
+
+
+def _label_value(spec: TaskSpec, raw: str, where: str) -> float | int:
+    raw = raw.strip()
+    if spec.labels is None:
+        try:
+            return float(raw)
+        except ValueError:
+            raise GlueDataError(f"{where}: score {raw!r} is not a number.") from None
+    try:
+        return spec.labels.index(raw)
+    except ValueError:
+        raise GlueDataError(f"{where}: label {raw!r} is not one of {list(spec.labels)}.") from None
+
+
+def read_tsv(spec: TaskSpec, path: str | Path) -> GlueSplit:
+    """One GLUE TSV file, as ``download_glue_data.py`` writes it (no quoting: quotes are text)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GLUE task {spec.name}: no file {path}. glue.data_dir must be a directory in the layout of "
+            f"download_glue_data.py (<data_dir>/{spec.directory}/train.tsv, dev.tsv, ...)."
+        )
+    # utf-8-sig drops MRPC's byte-order mark; the last line may lack its newline (CoLA's dev)
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line.rstrip("\r") for line in lines]
+    columns = [c for c in (spec.text_a, spec.text_b, spec.label) if c is not None]
+    start = 0
+    if spec.header:
+        header = lines[0].split("\t") if lines else []
+        for index, name in columns:
+            if name is not None and (len(header) <= abs(index) or header[index].strip() != name):
+                raise GlueDataError(
+                    f"{path}: expected column {name!r} at position {index} of the header, found "
+                    f"{header!r}. Is this the {spec.directory} file of a GLUE directory?"
+                )
+        start = 1
+    need = max(i for i, _ in columns if i >= 0) + 1
+    text_a, text_b, labels, skipped = [], [], [], 0
+    for n, line in enumerate(lines[start:], start=start + 1):
+        fields = line.split("\t")
+        if len(fields) < need:
+            skipped += 1  # QQP's train file has a few broken lines
+            continue
+        text_a.append(fields[spec.text_a[0]])
+        if spec.text_b is not None:
+            text_b.append(fields[spec.text_b[0]])
+        labels.append(_label_value(spec, fields[spec.label[0]], f"{path}, line {n}"))
+    if skipped:
+        log.warning("%s: skipped %d malformed line(s)", path, skipped)
+    if not text_a:
+        raise GlueDataError(f"{path} has no examples.")
+    dtype = np.float32 if spec.is_regression else np.int64
+    return GlueSplit(text_a, text_b if spec.text_b is not None else None, np.asarray(labels, dtype=dtype))
+
+
+def read_local(spec: TaskSpec, data_dir: str | Path) -> dict[str, GlueSplit]:
+    root = Path(os.path.expanduser(str(data_dir))) / spec.directory
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"GLUE task {spec.name}: no directory {root}. glue.data_dir must be a GLUE directory in the layout of "
+            f"download_glue_data.py, containing {spec.directory}/."
+        )
+    splits = {"train": read_tsv(spec, root / "train.tsv")}
+    for split, (filename, _) in spec.eval_splits.items():
+        splits[split] = read_tsv(spec, root / filename)
+    return splits
+
+
+def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]:
+    """A task from the Hugging Face hub (``nyu-mll/glue``); needs network or the datasets cache."""
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(dataset, spec.name)
+    except Exception as e:  # offline, or no such dataset
+        raise ConnectionError(
+            f"could not load GLUE task {spec.name} from the Hugging Face hub ({dataset}): {e}. Offline, point "
+            f"glue.data_dir at a local GLUE directory (download_glue_data.py layout), or use glue.source=synthetic."
+        ) from e
+    out = {}
+    for split in ["train", *spec.eval_splits]:
+        d = ds[split]
+        labels = np.asarray(d["label"], dtype=np.float32 if spec.is_regression else np.int64)
+        b = list(d[spec.hub_columns[1]]) if spec.is_pair else None
+        out[split] = GlueSplit(list(d[spec.hub_columns[0]]), b, labels)
+    return out
+
+
+def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
+              synthetic: dict | None = None) -> dict[str, GlueSplit]:
+    """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
+    else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
+    back as a local directory)."""
+    if source == "auto":
+        source = "local" if data_dir else "hub"
+    if source == "local":
+        if not data_dir:
+            raise ValueError("glue.source=local needs glue.data_dir=<GLUE directory>.")
+        return read_local(spec, data_dir)
+    if source == "hub":
+        return read_hub(spec)
+    if source == "synthetic":
+        from pretrainlab.glue.synthetic import SyntheticGlue
+
+        root = SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab")
+        return read_local(spec, root)
+    raise ValueError(f"glue.source={source!r}: expected auto, hub, local or synthetic.")
+
+
+# --- encoding ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedSplit:
+    ids: list[np.ndarray]     # [CLS] A [SEP] (B [SEP]) per example
+    types: list[np.ndarray]   # segment ids
+    labels: np.ndarray
+    truncated: int            # how many examples lost tokens to max_seq_len
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def encode(split: GlueSplit, tokenizer: Tokenizer, tokens: SpecialTokens, max_seq_len: int) -> EncodedSplit:
+    """Tokenize and assemble; pairs are truncated longest-first to fit ``max_seq_len``."""
+    a = [e.ids for e in tokenizer.encode_batch(split.text_a, add_special_tokens=False)]
+    b = [e.ids for e in tokenizer.encode_batch(split.text_b, add_special_tokens=False)] if split.text_b else None
+    cls, sep = tokens.cls_id, tokens.sep_id
+    ids, types, truncated = [], [], 0
+    for i, x in enumerate(a):
+        y = b[i] if b is not None else None
+        budget = max_seq_len - (3 if y is not None else 2)
+        if budget < 2:
+            raise ValueError(f"max_seq_len={max_seq_len} is too short to hold an example.")
+        if len(x) + (len(y) if y is not None else 0) > budget:
+            truncated += 1
+            if y is None:
+                x = x[:budget]
+            else:
+                while len(x) + len(y) > budget:  # longest first
+                    if len(x) >= len(y):
+                        x = x[:-1]
+                    else:
+                        y = y[:-1]
+        seq = [cls, *x, sep] + ([*y, sep] if y is not None else [])
+        t = np.zeros(len(seq), dtype=np.int64)
+        if y is not None:
+            t[len(x) + 2:] = 1
+        ids.append(np.asarray(seq, dtype=np.int64))
+        types.append(t)
+    return EncodedSplit(ids, types, split.labels, truncated)
+
+
+class EncodedDataset(torch.utils.data.Dataset):
+    def __init__(self, split: EncodedSplit):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray, float | int]:
+        return i, self.split.ids[i], self.split.types[i], self.split.labels[i]
+
+
+def collate(items: list, pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad to the longest example of the batch (rounded up to a multiple of 8)."""
+    n = max(len(x[1]) for x in items)
+    n = (n + 7) // 8 * 8
+    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    types = torch.zeros((len(items), n), dtype=torch.long)
+    mask = torch.zeros((len(items), n), dtype=torch.bool)
+    for row, (_, x, t, _) in enumerate(items):
+        ids[row, : len(x)] = torch.from_numpy(x)
+        types[row, : len(t)] = torch.from_numpy(t)
+        mask[row, : len(x)] = True
+    labels = torch.as_tensor(np.asarray([x[3] for x in items]))
+    index = torch.as_tensor([x[0] for x in items], dtype=torch.long)
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels, "index": index}

@@ -1,0 +1,357 @@
+"""A GLUE-shaped suite in the synthetic language, written in the real GLUE file layout.
+
+Nine tasks with the names, file formats and metrics of GLUE, built from the vocabulary and
+grammar of the pretraining corpus (``pretrainlab.data.synthetic``), so the whole fine-tuning
+pipeline (local reader included) runs offline, and an encoder pretrained on the synthetic corpus
+has something to transfer:
+
+    cola  acceptability: agreement violations, missing verbs, swapped words (Matthews corr.)
+    sst2  "sentiment" = the sentence's topic is one of the positive topics
+    mrpc  paraphrase: the same event told differently vs a different verb or object
+    qqp   duplicate questions about who does what to whom
+    stsb  similarity 0-5: the share of the event's four content slots the two sentences agree on
+    mnli  premise/hypothesis: entailed core / added information (neutral) / another verb
+          (contradiction); mismatched dev = topics never seen in training
+    qnli  does the sentence answer "what does the X <verb>?"
+    rte   mnli with two classes, small
+    wnli  which earlier noun the second sentence's subject continues (entity chain), tiny
+
+Labels follow fixed rules, so every task is learnable; some need word order and agreement, which
+a pretrained encoder has seen and a scratch one has not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from pretrainlab.data.hashing import fingerprint
+from pretrainlab.data.synthetic import NOUN_NUMBER, PREPOSITIONS, STAGES, VERB_AGREEMENT, SyntheticLanguage
+
+SUITE_VERSION = 1
+
+# (train, dev) sizes at scale 1
+SIZES = {"cola": (2000, 400), "sst2": (2000, 400), "mrpc": (1200, 400), "qqp": (2000, 400), "stsb": (1200, 400),
+         "mnli": (3000, 400), "qnli": (2000, 400), "rte": (600, 200), "wnli": (300, 70)}
+
+
+@dataclass(frozen=True)
+class Clause:
+    stage: str | None
+    subj: str
+    subj_pl: bool
+    subj_adj: str | None
+    verb: str
+    obj: str
+    obj_pl: bool
+    obj_adj: str | None
+    prep: tuple[str, str, bool] | None  # (preposition, noun, plural)
+    subj_def: bool = True
+
+    def words(self, verb_agreement: bool = True, noun_number: bool = True) -> list[str]:
+        def np_(noun: str, pl: bool, adj: str | None, definite: bool) -> list[str]:
+            det = "the" if definite else ("some" if pl else "a")
+            return [det] + ([adj] if adj else []) + [noun, NOUN_NUMBER[pl if noun_number else not pl]]
+
+        w = [self.stage] if self.stage else []
+        w += np_(self.subj, self.subj_pl, self.subj_adj, self.subj_def)
+        w += [self.verb, VERB_AGREEMENT[self.subj_pl if verb_agreement else not self.subj_pl]]
+        w += np_(self.obj, self.obj_pl, self.obj_adj, False)
+        if self.prep:
+            w += [self.prep[0]] + np_(self.prep[1], self.prep[2], None, True)
+        return w
+
+    def render(self, **kw) -> str:
+        return render(self.words(**kw))
+
+
+def render(words: list[str]) -> str:
+    s = " ".join(words) + "."
+    return s[0].upper() + s[1:]
+
+
+class _World:
+    def __init__(self, language: SyntheticLanguage, rng: random.Random):
+        self.lex = language.build()
+        self.rng = rng
+
+    def topic(self, topics: list[int] | None = None) -> int:
+        return self.rng.choice(topics) if topics else self.rng.randrange(len(self.lex.topics))
+
+    def noun(self, t: int, avoid: str | None = None) -> str:
+        return self.rng.choice([n for n in self.lex.topics[t]["nouns"] if n != avoid])
+
+    def verb(self, t: int, avoid: str | None = None) -> str:
+        return self.rng.choice([v for v in self.lex.topics[t]["verbs"] if v != avoid])
+
+    def adj(self, t: int) -> str | None:
+        return self.rng.choice(self.lex.topics[t]["adjectives"]) if self.rng.random() < 0.4 else None
+
+    def clause(self, t: int, prep: bool | None = None, stage: bool = True) -> Clause:
+        r = self.rng
+        verb = self.verb(t)
+        prefs = self.lex.prefs.get(verb)
+        obj = r.choice(prefs) if prefs and r.random() < 0.8 else self.noun(t)
+        subj = self.noun(t, avoid=obj)
+        has_prep = r.random() < 0.4 if prep is None else prep
+        return Clause(
+            stage=r.choice(STAGES) if stage and r.random() < 0.5 else None,
+            subj=subj, subj_pl=r.random() < 0.4, subj_adj=self.adj(t), verb=verb,
+            obj=obj, obj_pl=r.random() < 0.4, obj_adj=self.adj(t),
+            prep=(r.choice(PREPOSITIONS), self.noun(t), r.random() < 0.4) if has_prep else None,
+        )
+
+    def restyle(self, c: Clause, t: int) -> Clause:
+        """The same event told differently: stage, adjectives and place may change."""
+        r = self.rng
+        return replace(c, stage=r.choice(STAGES) if r.random() < 0.5 else None,
+                       subj_adj=self.adj(t), obj_adj=self.adj(t), prep=c.prep if r.random() < 0.5 else None)
+
+    def core(self, c: Clause) -> Clause:
+        return replace(c, stage=None, subj_adj=None, obj_adj=None, prep=None)
+
+
+def _cola(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        c = w.clause(t)
+        if w.rng.random() < 0.7:
+            rows.append(("syn", "1", "", c.render()))
+            continue
+        kind = w.rng.randrange(4)
+        if kind == 0:
+            words = c.words(verb_agreement=False)
+        elif kind == 1:
+            words = c.words(noun_number=False)
+        elif kind == 2:
+            words = [x for x in c.words() if x != c.verb]
+        else:
+            words = c.words()
+            j = w.rng.randrange(len(words) - 1)
+            words[j], words[j + 1] = words[j + 1], words[j]
+            if words == c.words():
+                words = [x for x in c.words() if x != c.verb]
+        rows.append(("syn", "0", "*", render(words)))
+    return rows
+
+
+def _sst2(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for _ in range(n):
+        t = w.topic(topics)
+        rows.append((w.clause(t).render().lower().rstrip("."), str(int(t % 2 == 0))))
+    return rows
+
+
+def _mrpc(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        a = w.clause(t)
+        if w.rng.random() < 0.68:
+            b, label = w.restyle(a, t), 1
+        else:
+            b = w.restyle(a, t)
+            b = replace(b, verb=w.verb(t, avoid=a.verb)) if w.rng.random() < 0.5 else replace(
+                b, obj=w.noun(t, avoid=a.obj))
+            label = 0
+        rows.append((str(label), str(100000 + 2 * i), str(100001 + 2 * i), a.render(), b.render()))
+    return rows
+
+
+def _question(c: Clause, style: int) -> str:
+    subj = " ".join(x for x in ["the", c.subj_adj, c.subj, NOUN_NUMBER[c.subj_pl]] if x)
+    agr = VERB_AGREEMENT[c.subj_pl]
+    if style == 0:
+        return f"What does {subj} {c.verb} {agr}?"
+    return f"Which thing does {subj} {c.verb} {agr}?"
+
+
+def _qqp(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        a = w.clause(t)
+        if w.rng.random() < 0.37:
+            b, label = replace(a, subj_adj=w.adj(t)), 1
+        else:
+            b = replace(a, verb=w.verb(t, avoid=a.verb)) if w.rng.random() < 0.5 else replace(
+                a, subj=w.noun(t, avoid=a.subj))
+            label = 0
+        rows.append((str(i), str(2 * i), str(2 * i + 1), _question(a, w.rng.randrange(2)),
+                     _question(b, w.rng.randrange(2)), str(label)))
+    return rows
+
+
+def _stsb(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        a = w.clause(t, prep=True)
+        slots = w.rng.sample(["subj", "verb", "obj", "prep"], k=w.rng.randint(0, 4))
+        b = w.restyle(a, t)
+        b = replace(b, prep=a.prep)
+        for s in slots:
+            if s == "subj":
+                b = replace(b, subj=w.noun(t, avoid=a.subj))
+            elif s == "verb":
+                b = replace(b, verb=w.verb(t, avoid=a.verb))
+            elif s == "obj":
+                b = replace(b, obj=w.noun(t, avoid=a.obj))
+            else:
+                b = replace(b, prep=(a.prep[0], w.noun(t, avoid=a.prep[1]), a.prep[2]))
+        score = 5.0 * (4 - len(slots)) / 4
+        rows.append((str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(),
+                     f"{score:.3f}"))
+    return rows
+
+
+NLI = ("entailment", "neutral", "contradiction")
+
+
+def _nli_pair(w: _World, t: int, label: str) -> tuple[str, str]:
+    a = w.clause(t)
+    core = w.core(a)
+    if label == "entailment":
+        h = core
+    elif label == "neutral":  # adds a place the premise does not mention
+        avoid = a.prep[1] if a.prep else None
+        h = replace(core, prep=(w.rng.choice(PREPOSITIONS), w.noun(t, avoid=avoid), w.rng.random() < 0.4))
+    else:  # another verb for the same subject and object
+        h = replace(core, verb=w.verb(t, avoid=a.verb))
+    return a.render(), h.render()
+
+
+def _mnli_rows(w: _World, n: int, topics, dev: bool) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        label = NLI[w.rng.randrange(3)]
+        p, h = _nli_pair(w, t, label)
+        extra = [label] * (5 if dev else 1)
+        rows.append((str(i), str(i), f"{i}n", f"topic{t}", "-", "-", "-", "-", p, h, *extra, label))
+    return rows
+
+
+def _qnli(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        c = w.clause(t)
+        q = replace(c, subj_adj=None)
+        if w.rng.random() < 0.5:
+            label = "entailment"
+        else:
+            label = "not_entailment"
+            q = replace(q, verb=w.verb(t, avoid=c.verb)) if w.rng.random() < 0.5 else replace(
+                q, subj=w.noun(t, avoid=c.subj))
+        rows.append((str(i), _question(q, 0), c.render(), label))
+    return rows
+
+
+def _rte(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        label = "entailment" if w.rng.random() < 0.5 else w.rng.choice(["neutral", "contradiction"])
+        p, h = _nli_pair(w, t, label)
+        rows.append((str(i), p, h, "entailment" if label == "entailment" else "not_entailment"))
+    return rows
+
+
+def _wnli(w: _World, n: int, topics) -> list[tuple]:
+    rows = []
+    for i in range(n):
+        t = w.topic(topics)
+        first = w.clause(t, prep=False, stage=False)
+        second = replace(w.clause(t, prep=False, stage=False), subj=first.obj, subj_pl=first.obj_pl, subj_adj=None)
+        label = int(w.rng.random() < 0.5)
+        claim = second if label else replace(second, subj=first.subj, subj_pl=first.subj_pl)
+        rows.append((str(i), f"{first.render()} {second.render()}", claim.render(), str(label)))
+    return rows
+
+
+HEADERS = {
+    "cola": None,
+    "sst2": ["sentence", "label"],
+    "mrpc": ["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+    "qqp": ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+    "stsb": ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
+             "score"],
+    "qnli": ["index", "question", "sentence", "label"],
+    "rte": ["index", "sentence1", "sentence2", "label"],
+    "wnli": ["index", "sentence1", "sentence2", "label"],
+}
+_MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
+BUILDERS = {"cola": _cola, "sst2": _sst2, "mrpc": _mrpc, "qqp": _qqp, "stsb": _stsb, "qnli": _qnli, "rte": _rte,
+            "wnli": _wnli}
+DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
+        "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+
+
+def _write(path: Path, header: list[str] | None, rows: list[tuple], final_newline: bool = True) -> None:
+    lines = (["\t".join(header)] if header else []) + ["\t".join(r) for r in rows]
+    path.write_text("\n".join(lines) + ("\n" if final_newline else ""), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SyntheticGlue:
+    """The suite's settings; ``write`` generates it once per settings into the cache."""
+
+    seed: int = 0
+    scale: float = 1.0       # multiplies every task's train and dev size
+    language_seed: int = 0   # the pretraining corpus's language (data.seed of data=synthetic)
+    num_topics: int = 8
+
+    def key(self) -> dict:
+        return {**asdict(self), "version": SUITE_VERSION}
+
+    def write(self, cache_dir: str | Path) -> Path:
+        root = Path(os.path.expanduser(str(cache_dir))) / "glue-synthetic" / fingerprint(self.key())
+        if (root / "suite.json").is_file():
+            return root
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tmp-"))
+        try:
+            self._generate(tmp)
+            (tmp / "suite.json").write_text(json.dumps(self.key(), indent=2))
+            try:
+                os.replace(tmp, root)
+            except OSError:  # another process wrote it first
+                if not (root / "suite.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return root
+
+    def _generate(self, out: Path) -> None:
+        language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
+        seen = list(range(max(1, self.num_topics - 2)))  # MNLI mismatched: the last two topics
+        unseen = [t for t in range(self.num_topics) if t not in seen] or seen
+        for task, (n_train, n_dev) in SIZES.items():
+            n_train, n_dev = max(8, round(n_train * self.scale)), max(8, round(n_dev * self.scale))
+            d = out / DIRS[task]
+            d.mkdir()
+            for split, n in (("train", n_train), ("dev", n_dev)):
+                w = _World(language, random.Random(f"glue-{self.seed}-{task}-{split}"))
+                if task == "mnli":
+                    dev = split == "dev"
+                    head = _MNLI_HEAD + (["label1", "label2", "label3", "label4", "label5"] if dev else ["label1"])
+                    head += ["gold_label"]
+                    if dev:
+                        _write(d / "dev_matched.tsv", head, _mnli_rows(w, n, seen, True))
+                        w2 = _World(language, random.Random(f"glue-{self.seed}-{task}-mismatched"))
+                        _write(d / "dev_mismatched.tsv", head, _mnli_rows(w2, n, unseen, True))
+                    else:
+                        _write(d / "train.tsv", head, _mnli_rows(w, n, seen, False))
+                else:
+                    # CoLA's dev file, like the real one, has no final newline
+                    _write(d / f"{split}.tsv", HEADERS[task], BUILDERS[task](w, n, None),
+                           final_newline=not (task == "cola" and split == "dev"))

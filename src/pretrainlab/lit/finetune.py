@@ -1,0 +1,112 @@
+"""FinetuneModule: a pretrained (or freshly initialised) encoder + a classifier on the pooled
+``[CLS]`` output, for one GLUE task.
+
+Classification trains with cross-entropy, STS-B (one output) with mean squared error. The dev
+sets are scored at the end of every epoch with the task's GLUE metrics over the *whole* dev set
+(predictions gathered across ranks and de-duplicated by example index), logged as
+``val/<metric>`` and kept in ``history``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lightning as L
+
+from pretrainlab.glue.metrics import compute
+from pretrainlab.glue.tasks import TaskSpec
+from pretrainlab.lit.pretrain import OptimConfig, lr_lambda
+from pretrainlab.model.encoder import Encoder
+
+
+class FinetuneModule(L.LightningModule):
+    def __init__(self, encoder: Encoder, spec: TaskSpec, optim: OptimConfig, total_steps: int,
+                 classifier_dropout: float = 0.1, eval_splits: list[str] | None = None):
+        super().__init__()
+        h = encoder.config.hidden_size
+        self.encoder = encoder
+        # encoders exported without a pooler (add_pooler=false) get a fresh one: dense + tanh on [CLS]
+        self.pooler = None if encoder.pooler is not None else nn.Linear(h, h)
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(h, spec.num_labels)
+        for layer in [self.classifier] + ([self.pooler] if self.pooler is not None else []):
+            nn.init.normal_(layer.weight, std=encoder.config.initializer_range)
+            nn.init.zeros_(layer.bias)
+        self.spec, self.optim, self.total_steps = spec, optim, total_steps
+        self.eval_splits = eval_splits or list(spec.eval_splits)
+        self.history: list[dict] = []
+        self._outputs: dict[int, list] = {}
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        out = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        pooled = out.pooled if self.pooler is None else torch.tanh(self.pooler(out.hidden_states[:, 0]))
+        logits = self.classifier(self.dropout(pooled)).float()
+        return logits.squeeze(-1) if self.spec.is_regression else logits
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.spec.is_regression:
+            return F.mse_loss(logits, labels.float())
+        return F.cross_entropy(logits, labels)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(self(batch), batch["labels"])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite fine-tuning loss ({loss.item()}) at step {self.global_step}. Lower task.lr or raise "
+                f"task.warmup."
+            )
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._outputs = {}
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        logits = self(batch)
+        pred = logits if self.spec.is_regression else logits.argmax(-1)
+        self._outputs.setdefault(dataloader_idx, []).append(
+            (batch["index"], pred.detach().float(), batch["labels"].float()))
+
+    def on_validation_epoch_end(self) -> None:
+        metrics: dict[str, float] = {}
+        for i, split in enumerate(self.eval_splits):
+            outs = self._outputs.get(i, [])
+            if not outs:
+                continue
+            index = torch.cat([o[0] for o in outs])
+            pred = torch.cat([o[1] for o in outs])
+            label = torch.cat([o[2] for o in outs])
+            if self.trainer.world_size > 1:  # every rank scores the whole dev set
+                index, pred, label = (self.all_gather(x).flatten(0, 1) for x in (index, pred, label))
+            index, pred, label = index.cpu().numpy(), pred.cpu().numpy(), label.cpu().numpy()
+            _, first = np.unique(index, return_index=True)  # a distributed sampler repeats a few examples
+            pred, label = pred[first], label[first]
+            if not self.spec.is_regression:
+                pred, label = pred.astype(np.int64), label.astype(np.int64)
+            suffix = self.spec.eval_splits[split][1]
+            for name, value in compute(list(self.spec.metrics), pred, label).items():
+                metrics[f"{name}{suffix}"] = value
+        if not metrics:
+            return
+        for name, value in metrics.items():
+            self.log(f"val/{name}", value, rank_zero_only=True)
+        if not self.trainer.sanity_checking:
+            self.history.append({"epoch": self.current_epoch + 1, "step": self.global_step, "metrics": metrics})
+
+    # --- optimisation -----------------------------------------------------------------------------
+    def configure_optimizers(self):
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
+        )
+        warmup = self.optim.warmup_steps(self.total_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_lambda(s, warmup, self.total_steps, self.optim.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,215 @@
+"""GLUE: metrics against scikit-learn / scipy, the local reader on files in the real layout, the
+synthetic suite, encoding, and the suite + comparison end to end on a briefly pretrained encoder."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import scipy.stats
+import sklearn.metrics
+
+from pretrainlab.glue import metrics
+from pretrainlab.glue.data import GlueDataError, encode, read_local, read_tsv
+from pretrainlab.glue.synthetic import SIZES, SyntheticGlue
+from pretrainlab.glue.tasks import TASKS, get_task
+
+
+# --- metrics ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_classification_metrics_match_scikit_learn(seed):
+    rng = np.random.default_rng(seed)
+    label = rng.integers(0, 2, 500)
+    pred = np.where(rng.random(500) < 0.7, label, 1 - label)  # correlated predictions
+    assert metrics.accuracy(pred, label) == pytest.approx(sklearn.metrics.accuracy_score(label, pred))
+    assert metrics.f1(pred, label) == pytest.approx(sklearn.metrics.f1_score(label, pred))
+    assert metrics.matthews_corrcoef(pred, label) == pytest.approx(sklearn.metrics.matthews_corrcoef(label, pred))
+    three, gold = rng.integers(0, 3, 300), rng.integers(0, 3, 300)  # MNLI: three classes
+    assert metrics.accuracy(three, gold) == pytest.approx(sklearn.metrics.accuracy_score(gold, three))
+
+
+def test_metric_edge_cases_match_scikit_learn():
+    label = np.array([1, 1, 0, 0])
+    for pred in (np.zeros(4, int), np.ones(4, int)):  # a constant predictor: MCC 0, F1 as sklearn
+        assert metrics.matthews_corrcoef(pred, label) == sklearn.metrics.matthews_corrcoef(label, pred) == 0.0
+        assert metrics.f1(pred, label) == pytest.approx(sklearn.metrics.f1_score(label, pred, zero_division=0))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_correlations_match_scipy_including_ties(seed):
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.uniform(0, 5, 400), 1)  # many ties, like STS-B's scores
+    y = np.round(x + rng.normal(0, 1.5, 400), 1)
+    assert metrics.pearson(y, x) == pytest.approx(scipy.stats.pearsonr(y, x)[0], abs=1e-10)
+    assert metrics.spearman(y, x) == pytest.approx(scipy.stats.spearmanr(y, x)[0], abs=1e-10)
+
+
+# --- reading GLUE files ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def suite_dir(tmp_path_factory):
+    return SyntheticGlue(scale=0.2).write(tmp_path_factory.mktemp("glue"))
+
+
+def test_synthetic_suite_is_written_in_the_real_glue_layout(suite_dir):
+    cola_dev = (suite_dir / "CoLA" / "dev.tsv").read_bytes()
+    assert not cola_dev.endswith(b"\n")  # like the real CoLA dev file
+    assert cola_dev.split(b"\t")[1] in (b"0", b"1")  # no header
+    assert (suite_dir / "MRPC" / "train.tsv").read_bytes().startswith(b"\xef\xbb\xbfQuality\t")  # BOM
+    assert len((suite_dir / "STS-B" / "dev.tsv").read_text().splitlines()[0].split("\t")) == 10
+    assert {p.name for p in (suite_dir / "MNLI").iterdir()} == {"train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"}
+    for name, spec in TASKS.items():
+        splits = read_local(spec, suite_dir)
+        n_train, n_dev = SIZES[name]
+        assert len(splits["train"]) == max(8, round(0.2 * n_train))
+        for split in spec.eval_splits:
+            assert len(splits[split]) == max(8, round(0.2 * n_dev))
+        labels = splits["train"].labels
+        if spec.is_regression:
+            assert labels.dtype == np.float32 and 0 <= labels.min() and labels.max() <= 5
+        else:  # every class occurs, none dominates beyond 75%
+            counts = np.bincount(labels, minlength=spec.num_labels)
+            assert counts.min() > 0 and counts.max() / counts.sum() < 0.75, (name, counts)
+
+
+def test_synthetic_suite_is_deterministic_and_cached(tmp_path):
+    a = SyntheticGlue(scale=0.05).write(tmp_path / "a")
+    b = SyntheticGlue(scale=0.05).write(tmp_path / "b")
+    assert (a / "RTE" / "train.tsv").read_bytes() == (b / "RTE" / "train.tsv").read_bytes()
+    stamp = (a / "suite.json").stat().st_mtime_ns
+    assert SyntheticGlue(scale=0.05).write(tmp_path / "a") == a and (a / "suite.json").stat().st_mtime_ns == stamp
+    c = SyntheticGlue(scale=0.05, seed=1).write(tmp_path / "a")
+    assert c != a and (c / "RTE" / "train.tsv").read_bytes() != (a / "RTE" / "train.tsv").read_bytes()
+
+
+def test_reader_keeps_quotes_and_maps_labels(tmp_path):
+    d = tmp_path / "RTE"
+    d.mkdir()
+    (d / "train.tsv").write_text('index\tsentence1\tsentence2\tlabel\n0\tHe said "no.\tNo "quote\tentailment\n'
+                                 '1\ta\tb\tnot_entailment\n')
+    split = read_tsv(get_task("rte"), d / "train.tsv")
+    assert split.text_a == ['He said "no.', "a"] and split.text_b == ['No "quote', "b"]
+    assert split.labels.tolist() == [0, 1]
+
+
+def test_reader_errors_name_the_problem(tmp_path):
+    d = tmp_path / "RTE"
+    d.mkdir()
+    (d / "train.tsv").write_text("index\tpremise\thypothesis\tlabel\n0\ta\tb\tentailment\n")
+    with pytest.raises(GlueDataError, match="expected column 'sentence1'"):
+        read_tsv(get_task("rte"), d / "train.tsv")
+    (d / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(GlueDataError, match="label 'maybe' is not one of"):
+        read_tsv(get_task("rte"), d / "train.tsv")
+    with pytest.raises(FileNotFoundError, match="download_glue_data.py"):
+        read_local(get_task("mrpc"), tmp_path)
+    with pytest.raises(KeyError, match="unknown GLUE task 'glu'"):
+        get_task("glu")
+
+
+def test_encoding_pairs_segments_and_longest_first_truncation():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij"))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    from pretrainlab.data.tokenizer import special_tokens
+    from pretrainlab.glue.data import GlueSplit
+
+    tokens = special_tokens(tok)
+    split = GlueSplit(["a b c d e f g", "a"], ["h i", "b c"], np.array([0, 1]))
+    enc = encode(split, tok, tokens, max_seq_len=8)
+    first, second = enc.ids[0].tolist(), enc.ids[1].tolist()
+    # budget 5 for A + B: A (7) is cut before B (2) until A's length reaches B's
+    assert first == [2, vocab["a"], vocab["b"], vocab["c"], 3, vocab["h"], vocab["i"], 3]
+    assert enc.types[0].tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+    assert second == [2, vocab["a"], 3, vocab["b"], vocab["c"], 3] and enc.truncated == 1
+    single = encode(GlueSplit(["a b c d e f g h i j"], None, np.array([1])), tok, tokens, max_seq_len=6)
+    assert single.ids[0].tolist() == [2, vocab["a"], vocab["b"], vocab["c"], vocab["d"], 3]
+    assert single.types[0].tolist() == [0] * 6
+
+
+# --- end to end: pretrain briefly, fine-tune pretrained and scratch, compare ----------------------
+FAST = ["glue.source=synthetic", "glue.synthetic.scale=0.25", "logger=csv", "trainer.enable_progress_bar=false",
+        "task_overrides.lr=3.0e-4", "task_overrides.epochs=2", "task_overrides.batch_size=32",
+        "task_overrides.max_seq_len=64"]
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory):
+    from pretrainlab.train import run
+    from tests.conftest import SMALL, compose_train
+
+    out = tmp_path_factory.mktemp("pretrain")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        result = run(compose_train(*SMALL, "data.num_documents=600", "max_steps=60", "val_every=60"), out)
+    return result["run_dir"]
+
+
+def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
+    from pretrainlab.glue import suite
+    from pretrainlab.glue.compare import collect, write_report
+    from tests.conftest import compose_config
+
+    tasks, seeds = ["cola", "mrpc", "stsb", "mnli"], [0, 1]
+    for init in ("pretrained", "scratch"):
+        cfg = compose_config("glue", f"pretrained={pretrained_run}", f"init={init}", *FAST)
+        results = suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))
+        assert len(results) == len(tasks) * len(seeds)
+    out = os.path.join(pretrained_run, "glue")
+    one = json.loads(open(os.path.join(out, "mnli", "seed1.json")).read())
+    assert one["label"] == "roberta" and one["seed"] == 1 and one["pretrained"]["objective"] == "roberta"
+    assert set(one["metrics"]) == {"accuracy_m", "accuracy_mm"}
+    assert one["metrics"] == one["history"][-1]["metrics"] and len(one["history"]) == 2  # the last epoch
+    assert one["config"]["task"]["lr"] == 3.0e-4 and one["train_examples"] == 750
+    scratch = json.loads(open(os.path.join(pretrained_run, "glue-scratch", "mnli", "seed1.json")).read())
+    assert scratch["label"] == "scratch"
+    assert (open(os.path.join(out, "summary.md")).read().count("|") > 10)
+
+    # re-running the suite redoes nothing
+    def fail(*a, **k):
+        raise AssertionError("a finished (task, seed) was run again")
+
+    monkeypatch.setattr("pretrainlab.finetune.run", fail)
+    cfg = compose_config("glue", f"pretrained={pretrained_run}", *FAST)
+    assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
+    # the same encoder named by its export directory is the same; results of another are not mixed in
+    same = compose_config("glue", f"pretrained={pretrained_run}/encoder", *FAST)
+    assert len(suite.run_suite(same, tasks, seeds, out, dict(cfg.task_overrides))) == 8
+    other = compose_config("glue", f"pretrained={pretrained_run}", "init=scratch", *FAST)
+    with pytest.raises(ValueError, match="Use another output_dir"):
+        suite.run_suite(other, tasks, seeds, out, dict(cfg.task_overrides))
+
+    table = write_report(collect([pretrained_run]), tmp_path / "cmp")
+    assert table["labels"] == ["roberta", "scratch"] and table["tasks"] == ["cola", "mrpc", "stsb", "mnli"]
+    assert table["glue_tasks"] == tasks
+    for label in table["labels"]:
+        runs = [json.loads(open(os.path.join(pretrained_run, "glue" if label != "scratch" else "glue-scratch",
+                                             "mrpc", f"seed{s}.json")).read()) for s in seeds]
+        f1 = [100 * r["metrics"]["f1"] for r in runs]
+        assert table["cells"][label]["mrpc"]["metrics"]["f1"] == pytest.approx((np.mean(f1), np.std(f1, ddof=1)))
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| roberta |" in md and "| scratch |" in md and "WNLI excluded" in md
+    assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert "mrpc,f1" in (tmp_path / "cmp" / "comparison.csv").read_text().replace("roberta,", "")
+
+
+def test_finetune_cli_and_compare_cli_offline(pretrained_run, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "finetune.py", f"pretrained={pretrained_run}", "task=rte", "glue.source=synthetic",
+           "glue.synthetic.scale=0.1", "task.epochs=1", "trainer.enable_progress_bar=false",
+           f"hydra.run.dir={tmp_path}/ft"]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    result = json.loads((tmp_path / "ft" / "results.json").read_text())
+    assert result["task"] == "rte" and 0 <= result["metrics"]["accuracy"] <= 1
+    runs = list((tmp_path / "ft" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1  # fine-tuning logs to W&B offline by default
+    cmd = [sys.executable, "experiments/compare.py", str(tmp_path / "ft"), "--out", str(tmp_path / "cmp")]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
+    assert "| roberta |" in out and (tmp_path / "cmp" / "comparison.png").is_file()
+    assert list((tmp_path / "cmp" / "wandb").glob("offline-run-*"))
