@@ -15,7 +15,8 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
@@ -56,6 +57,7 @@ def validate_precision(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig) -> None:
     """Refuse settings that cannot work, before anything expensive happens."""
     validate_precision(cfg)
+    _refuse_multirun_ddp(cfg)
     if cfg.max_steps < 1:
         raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}.")
     max_pos = cfg.model.get("max_position_embeddings", 512)
@@ -63,6 +65,25 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
             f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
+        )
+
+
+def _refuse_multirun_ddp(cfg: DictConfig) -> None:
+    """Hydra multirun + Lightning's ``ddp`` (which re-executes the command for every rank) makes
+    each rank start its own multirun (hydra#2070): refused, pointing to what works."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:  # pragma: no cover
+        return
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if strategy in ("ddp", "ddp_find_unused_parameters_true") and _world_size(cfg) > 1:
+        raise ConfigError(
+            "Hydra multirun (-m) with trainer.strategy=ddp is not supported: ddp re-runs the command for every "
+            "rank, and each rank would start its own multirun. Use trainer.strategy=ddp_spawn for multirun, or run "
+            "one process per run (a W&B agent: sweeps/*.yaml; or a shell loop over python train.py ...)."
         )
 
 
@@ -126,11 +147,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     objective = build_objective(cfg, encoder_config, tokens)
 
     world = _world_size(cfg)
-    if cfg.batch_size % world:
-        raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the {world} devices.")
+    device_batch, accumulate = batch_split(cfg.batch_size, world, cfg.get("device_batch_size"))
+    log.info("global batch %d = %d device(s) x %d micro-batch x %d accumulation", cfg.batch_size, world,
+             device_batch, accumulate)
     datamodule = PretrainDataModule(
-        data, objective.example_builder(cfg.max_seq_len), objective.collator(), cfg.batch_size // world,
-        cfg.seed, num_workers=cfg.num_workers,
+        data, objective.example_builder(cfg.max_seq_len), objective.collator(), device_batch,
+        cfg.seed, num_workers=cfg.num_workers, accumulate=accumulate,
     )
     datamodule.prepare()
     if datamodule.train_store is not None:
@@ -138,7 +160,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
                  datamodule.train_store.num_tokens, len(datamodule.val_store))
 
     optim = instantiate(cfg.optim)
-    module = PretrainModule(encoder_config, objective, optim, cfg.max_steps, cfg.max_seq_len)
+    module = PretrainModule(encoder_config, objective, optim, cfg.max_steps, cfg.max_seq_len, seed=cfg.seed,
+                            on_nonfinite=cfg.get("on_nonfinite", "stop"))
     log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
              objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
 
@@ -147,17 +170,23 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)
-    callbacks: list = [checkpoint]
+    callbacks: list = [checkpoint, SaveOnPreemption(run_dir / "checkpoints" / "last.ckpt")]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate))
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_steps=cfg.max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
         callbacks=callbacks,
         val_check_interval=min(cfg.val_every, cfg.max_steps), check_val_every_n_epoch=None,
-        gradient_clip_val=optim.grad_clip, use_distributed_sampler=False,
+        gradient_clip_val=optim.grad_clip, use_distributed_sampler=False, accumulate_grad_batches=accumulate,
     )
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
+        except SIGTERMException:
+            log.warning("SIGTERM at step %d: checkpoint saved to %s; resume with ckpt_path=last in this run "
+                        "directory (or ckpt_path=%s)", trainer.global_step, run_dir / "checkpoints" / "last.ckpt",
+                        run_dir)
+            raise SystemExit(143) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
             trainer.save_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # the final state
         result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -173,6 +202,34 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     finally:
         finish_logger(logger)
     return result
+
+
+def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> tuple[int, int]:
+    """(micro-batch per device, gradient accumulation) for a global ``batch_size`` on ``world``
+    devices: batch_size = world x micro-batch x accumulation, exactly."""
+    if batch_size % world:
+        raise ConfigError(f"batch_size={batch_size} is not divisible by the {world} devices; the global batch "
+                          f"must split evenly across devices.")
+    per_device = batch_size // world
+    micro = device_batch_size or per_device
+    if micro > per_device or per_device % micro:
+        raise ConfigError(
+            f"device_batch_size={device_batch_size} does not divide the per-device batch {per_device} "
+            f"(batch_size={batch_size} / {world} devices); choose a divisor of {per_device}."
+        )
+    return micro, per_device // micro
+
+
+class SaveOnPreemption(Callback):
+    """On SIGTERM (preemption, ``scancel``, ``kill``), Lightning stops at the next batch boundary;
+    this saves ``last.ckpt`` there (atomically) before the process exits."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and trainer.global_step > 0:
+            trainer.save_checkpoint(self.path)
 
 
 def _world_size(cfg: DictConfig) -> int:

@@ -261,12 +261,23 @@ class HubCorpus(Corpus):
             for row in ds:
                 yield row[src.text_column]
 
-    def iter_documents(self, cache_dir: Path) -> Iterable[dict]:
+    def iter_documents(self, cache_dir: Path, shard: tuple[int, int] | None = None) -> Iterable[dict]:
+        """Documents of every source in order. ``shard=(index, count)`` keeps one of ``count``
+        disjoint parts: a streamed source goes through ``datasets.distributed.split_dataset_by_node``
+        (whole files per part when the file count allows, else every count-th row); WikiText, whose
+        articles span rows, is sharded by article."""
+        from datasets.distributed import split_dataset_by_node
+
         for src in self._sources():
             ds = self._load(src, cache_dir)
+            row_documents = src.doc_split != "wikitext_headings"
+            if row_documents and shard is not None and self.streaming:
+                ds = split_dataset_by_node(ds, rank=shard[0], world_size=shard[1])
             for n, text in enumerate(self._documents_of(src, ds)):
                 if self.max_documents is not None and n >= self.max_documents:
                     break
+                if not row_documents and shard is not None and n % shard[1] != shard[0]:
+                    continue
                 if self.strip_gutenberg:
                     text = strip_gutenberg_boilerplate(text)
                 sentences = split_sentences(text)
@@ -293,6 +304,9 @@ class _Reiterable:
 
     def __iter__(self):
         return iter(self.corpus.iter_documents(self.cache_dir))
+
+    def iter(self, shard: tuple[int, int] | None = None):
+        return iter(self.corpus.iter_documents(self.cache_dir, shard=shard))
 
 
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")

@@ -318,45 +318,91 @@ class BatchKey:
 
 
 class EpochBatches(Sampler):
-    """Yields the batches of one rank for one epoch as ``BatchKey``s.
+    """Yields the micro-batches of one rank for one epoch as ``BatchKey``s.
 
-    The epoch's order is a permutation seeded by (seed, epoch); rank r takes every
-    world_size-th batch of it, so ranks see disjoint examples. ``set_epoch`` is called by Lightning.
+    The epoch's order is a permutation seeded by (seed, epoch), cut into global batches of
+    ``batch_size x world_size x accumulate`` examples: one optimizer step. Rank r takes every
+    world_size-th example of a global batch (ranks see disjoint examples) and splits its share
+    into ``accumulate`` micro-batches of ``batch_size``. So the examples of every optimizer step are
+    the same whatever the number of devices and the accumulation. ``set_epoch`` is called by
+    Lightning; ``resume_at`` skips the micro-batches an interrupted epoch already consumed.
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, shuffle: bool = True,
-                 drop_last: bool = True, rank: int = 0, world_size: int = 1, follow_epochs: bool = True):
-        if batch_size < 1:
-            raise ValueError(f"batch size must be positive, got {batch_size}")
+                 drop_last: bool = True, rank: int = 0, world_size: int = 1, follow_epochs: bool = True,
+                 accumulate: int = 1):
+        if batch_size < 1 or accumulate < 1:
+            raise ValueError(f"batch size and accumulation must be positive, got {batch_size} and {accumulate}")
         self.n, self.batch_size, self.seed = num_examples, batch_size, seed
         self.shuffle, self.drop_last, self.rank, self.world_size = shuffle, drop_last, rank, world_size
+        self.accumulate = accumulate
         self.epoch = 0
         self.follow_epochs = follow_epochs  # False: the same batches (and masks) every epoch
+        self._skip = 0
         if self.num_global_batches() == 0:
             raise ValueError(
-                f"{num_examples} examples make no full batch of {batch_size} x {world_size} device(s); "
-                f"lower batch_size or use more data."
+                f"{num_examples} examples make no full batch of {self.global_batch_size} (batch size x devices x "
+                f"accumulation); lower batch_size or use more data."
             )
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size * self.accumulate
 
     def set_epoch(self, epoch: int) -> None:
         if self.follow_epochs:
             self.epoch = epoch
 
+    def resume_at(self, micro_batch: int) -> None:
+        """The next iteration starts at this micro-batch of the epoch (then iterations are whole)."""
+        self._skip = micro_batch
+
     def num_global_batches(self) -> int:
-        per_step = self.batch_size * self.world_size
+        per_step = self.global_batch_size
         return self.n // per_step if self.drop_last else -(-self.n // per_step)
 
     def __len__(self) -> int:
-        return self.num_global_batches()
+        return self.num_global_batches() * self.accumulate
 
     def __iter__(self) -> Iterator[BatchKey]:
+        skip, self._skip = self._skip, 0
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        per_step = self.batch_size * self.world_size
+        per_step, a = self.global_batch_size, self.accumulate
         for b in range(self.num_global_batches()):
-            step_ids = order[b * per_step:(b + 1) * per_step]
-            mine = step_ids[self.rank::self.world_size]
-            if len(mine):
-                yield BatchKey(self.epoch, b * self.world_size + self.rank, tuple(int(i) for i in mine))
+            mine = order[b * per_step:(b + 1) * per_step][self.rank::self.world_size]
+            for m in range(a):
+                k = b * a + m  # this rank's micro-batch number in the epoch
+                part = mine[m * self.batch_size:(m + 1) * self.batch_size]
+                if k < skip or not len(part):
+                    continue
+                # masks are seeded by the key's index: unique per (step, rank, micro-batch)
+                yield BatchKey(self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part))
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over ``EpochBatches`` that Lightning checkpoints (the ``state_dict`` /
+    ``load_state_dict`` interface): a run resumed mid-epoch continues with the micro-batch after
+    the last one its checkpoint trained on, instead of restarting the epoch.
+
+    Training consumes exactly ``accumulate`` micro-batches per optimizer step and every epoch has
+    the same number of them, so the position is a function of the global step alone."""
+
+    def __init__(self, *args, step_fn=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._step_fn = step_fn
+
+    def state_dict(self) -> dict:
+        return {"global_step": int(self._step_fn()) if self._step_fn else 0,
+                "accumulate": self.sampler.accumulate, "micro_batches": len(self.sampler)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("micro_batches") != len(self.sampler) or state.get("accumulate") != self.sampler.accumulate:
+            raise ValueError(
+                f"the checkpoint's data order ({state.get('micro_batches')} micro-batches per epoch, accumulation "
+                f"{state.get('accumulate')}) differs from this run's ({len(self.sampler)}, {self.sampler.accumulate}): "
+                f"resume with the same data, batch_size, device_batch_size and number of devices."
+            )
+        self.sampler.resume_at((state["global_step"] * self.sampler.accumulate) % len(self.sampler))
 
 
 class MaskedBatches(Dataset):
@@ -390,20 +436,28 @@ class StreamingBatches(IterableDataset):
         self.val_documents, self.buffer_documents = val_documents, buffer_documents
         self.rank, self.world_size = rank, world_size
 
+    def _held_out(self) -> Iterator[dict]:
+        for n, doc in enumerate(self.data.documents.iter()):
+            if n >= self.val_documents:
+                return
+            yield doc
+
     def _documents(self) -> Iterator[list[np.ndarray]]:
+        """This rank's (and worker's) documents, tokenized. Validation reads the first
+        ``val_documents`` of the stream; training reads a disjoint shard per (rank, worker) and
+        leaves those documents out."""
         tok = self.data.tokenizer
-        info = get_worker_info()
-        shards = self.world_size * (info.num_workers if info else 1)
-        shard = self.rank * (info.num_workers if info else 1) + (info.id if info else 0)
-        for n, doc in enumerate(self.data.documents):
-            if (n < self.val_documents) != (self.split == "val"):
-                continue
-            if self.split == "train" and n % shards != shard:
-                continue
+        if self.split == "val":
+            stream = self._held_out()
+        else:
+            info = get_worker_info()
+            workers = info.num_workers if info else 1
+            held_out = {tuple(d["sentences"]) for d in self._held_out()}
+            shard = (self.rank * workers + (info.id if info else 0), self.world_size * workers)
+            stream = (d for d in self.data.documents.iter(shard=shard) if tuple(d["sentences"]) not in held_out)
+        for doc in stream:
             encoded = tok.encode_batch(doc["sentences"], add_special_tokens=False)
             yield [np.asarray(e.ids, dtype=np.int32) for e in encoded]
-            if self.split == "val" and n + 1 >= self.val_documents:
-                return
 
     def __iter__(self):
         info = get_worker_info()
@@ -438,10 +492,13 @@ class PretrainDataModule(L.LightningDataModule):
 
     def __init__(self, data: PretrainData, builder: ExampleBuilder, collator, batch_size: int, seed: int,
                  num_workers: int = 0, val_batch_size: int | None = None, val_documents: int = 200,
-                 buffer_documents: int = 1000):
+                 buffer_documents: int = 1000, accumulate: int = 1):
+        """``batch_size`` is the micro-batch of one device; ``accumulate`` micro-batches make its
+        share of one optimizer step."""
         super().__init__()
         self.data, self.builder, self.collator = data, builder, collator
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.accumulate = accumulate
         self.val_batch_size = val_batch_size or batch_size
         self.val_documents, self.buffer_documents = val_documents, buffer_documents
         self.train_store: ExampleStore | None = None
@@ -461,19 +518,25 @@ class PretrainDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def _loader(self, dataset, sampler=None) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset, sampler=None, cls=DataLoader, **kwargs) -> DataLoader:
+        return cls(
             dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(), **kwargs,
         )
+
+    def _global_step(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_step if trainer is not None else 0
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank()
         if self.data.corpus.streaming:
             return self._loader(StreamingBatches(self.data, self.builder, self.collator, self.batch_size, self.seed,
                                                  "train", self.val_documents, self.buffer_documents, rank, world))
-        sampler = EpochBatches(len(self.train_store), self.batch_size, self.seed, True, True, rank, world)
-        return self._loader(MaskedBatches(self.train_store, self.collator, self.seed), sampler)
+        sampler = EpochBatches(len(self.train_store), self.batch_size, self.seed, True, True, rank, world,
+                               accumulate=self.accumulate)
+        return self._loader(MaskedBatches(self.train_store, self.collator, self.seed), sampler, ResumableLoader,
+                            step_fn=self._global_step)
 
     def val_dataloader(self) -> DataLoader:
         rank, world = self._rank()

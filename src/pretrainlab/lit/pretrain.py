@@ -11,15 +11,19 @@ optimises, counts and logs:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.objectives.base import Batch, Objective
+
+log = logging.getLogger("pretrainlab")
 
 
 @dataclass
@@ -59,25 +63,39 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 class PretrainModule(L.LightningModule):
     def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig,
-                 max_steps: int, seq_len: int):
+                 max_steps: int, seq_len: int, seed: int = 0, on_nonfinite: str = "stop"):
         super().__init__()
+        if on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite must be stop or skip, got {on_nonfinite!r}.")
+        self.seed, self.on_nonfinite = seed, on_nonfinite
         self.encoder = Encoder(encoder_config)
+        if self.encoder.pooler is not None and not objective.uses_pooler:
+            self.encoder.pooler.requires_grad_(False)  # no gradient reaches it; DDP needs every trained one to
         self.objective = objective
         self.optim = optim
         self.max_steps = max_steps
         self.flops_per_token = float(objective.flops_per_token(self.encoder, seq_len))
         # counters saved in checkpoints, so a resumed run keeps counting where it stopped
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("skipped_batches", torch.zeros((), dtype=torch.int64))
         self._step_start: float | None = None
 
     # --- steps ----------------------------------------------------------------------------------
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         out = self.objective(self.encoder, batch)
-        if not torch.isfinite(out.loss):
+        finite = torch.isfinite(out.loss.detach()).to(torch.int32)
+        if dist.is_available() and dist.is_initialized():  # every rank takes the same decision
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if not bool(finite):
+            if self.on_nonfinite == "skip":
+                self.skipped_batches += 1
+                log.warning("non-finite training loss at step %d: batch skipped (%d so far)", self.global_step,
+                            int(self.skipped_batches))
+                return None  # no backward, no optimizer step for this batch
             raise FloatingPointError(
                 f"non-finite training loss ({out.loss.item()}) at step {self.global_step}: training stopped, "
                 f"checkpoints written so far are untouched. Lower optim.lr, raise optim.warmup, or use "
-                f"trainer.precision=bf16-mixed instead of 16-mixed."
+                f"trainer.precision=bf16-mixed instead of 16-mixed; on_nonfinite=skip skips such batches instead."
             )
         n_tokens = batch["n_tokens"].to(torch.float64)
         if dist.is_available() and dist.is_initialized():
@@ -102,6 +120,11 @@ class PretrainModule(L.LightningModule):
             self.log(f"val/{name}", value, sync_dist=True, batch_size=bs)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
+        # Dropout (and any other torch randomness in the step) is seeded by (seed, step, micro-batch,
+        # rank): a resumed run draws exactly what an uninterrupted one would, without storing RNG state.
+        micro = batch_idx % self.trainer.accumulate_grad_batches
+        torch.manual_seed(int(np.random.SeedSequence(
+            [self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0]))
         self._step_start = time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -120,12 +143,21 @@ class PretrainModule(L.LightningModule):
         groups = [{"params": decay, "weight_decay": self.optim.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         kwargs = {}
-        if self.optim.fused is not False:
+        # Lightning's mixed-precision plugin cannot clip the gradients of a fused AdamW (it
+        # unscales internally), so mixed precision with clipping uses the foreach implementation.
+        mixed = "mixed" in str(getattr(self.trainer, "precision", "")) if self._trainer is not None else False
+        fused = self.optim.fused
+        if fused is None:
+            fused = not (mixed and self.optim.grad_clip)
+        elif fused and mixed and self.optim.grad_clip:
+            raise ValueError("optim.fused=true cannot be combined with mixed precision and optim.grad_clip; set "
+                             "optim.fused=null (automatic) or optim.grad_clip=null.")
+        if fused:
             kwargs["fused"] = True
         try:
             opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps, **kwargs)
         except (RuntimeError, ValueError):
-            if self.optim.fused:
+            if self.optim.fused:  # asked for explicitly: say it is not available
                 raise
             opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps)
         warmup = self.optim.warmup_steps(self.max_steps)

@@ -50,7 +50,14 @@ class Collator(Protocol):
 
 
 class Objective(nn.Module):
-    """Base class of objective plugins. Subclasses call ``super().__init__(encoder_config, tokens, name)``."""
+    """Base class of objective plugins. Subclasses call ``super().__init__(encoder_config, tokens, name)``.
+
+    ``uses_pooler``: whether the loss goes through the encoder's pooled [CLS] output. When it does
+    not, the pooler is frozen during pretraining (DDP requires every trained parameter to get a
+    gradient) and fine-tuning trains it from its initialisation.
+    """
+
+    uses_pooler: bool = False
 
     def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str):
         super().__init__()

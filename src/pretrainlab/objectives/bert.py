@@ -21,6 +21,8 @@ class BERT(Objective):
     ALBERT reuses this class with sentence-order prediction.
     """
 
+    uses_pooler = True
+
     pair_task = "nsp"
 
     def __init__(

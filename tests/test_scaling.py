@@ -1,0 +1,254 @@
+"""Scaling up without changing results: global batch vs devices and accumulation, data sharding,
+exact resume (in process, SIGKILL, SIGTERM, 2-process DDP), determinism, non-finite losses,
+atomic checkpoints, bf16 on CPU, and the multirun + ddp refusal."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pretrainlab.data.pretrain import EpochBatches
+from pretrainlab.model.encoder import ConfigError
+from pretrainlab.train import batch_split, run
+from tests.conftest import ROOT, SMALL, compose_train
+
+# short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
+RESUME = [*SMALL, "data.num_documents=120", "trainer.log_every_n_steps=1", "val_every=1000", "checkpoint_every=10",
+          "export=false"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """train/loss by step, over every CSV version of a run directory (a resumed run adds one).
+    Lightning logs the loss of the k-th optimizer step under step k - 1."""
+    out = {}
+    for f in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        for r in csv.DictReader(f.open()):
+            if r.get("train/loss"):
+                out[int(r["step"])] = float(r["train/loss"])
+    return out
+
+
+# --- global batch, devices, accumulation -----------------------------------------------------------
+def test_batch_split_derives_micro_batch_and_accumulation():
+    assert batch_split(256, 8, None) == (32, 1)
+    assert batch_split(256, 8, 8) == (8, 4)
+    assert batch_split(32, 1, 8) == (8, 4)
+    assert batch_split(32, 2, 16) == (16, 1)
+    with pytest.raises(ConfigError, match="not divisible by the 3 devices"):
+        batch_split(32, 3, None)
+    with pytest.raises(ConfigError, match="choose a divisor of 16"):
+        batch_split(32, 2, 6)
+
+
+@pytest.mark.parametrize("world, accumulate", [(2, 1), (1, 2), (2, 2), (4, 1)])
+def test_every_step_sees_the_same_examples_whatever_the_devices(world, accumulate):
+    n, global_batch = 1000, 32
+    micro = global_batch // (world * accumulate)
+    reference = list(EpochBatches(n, global_batch, seed=3))
+    for epoch in (0, 1):
+        reference_epoch = EpochBatches(n, global_batch, seed=3)
+        reference_epoch.set_epoch(epoch)
+        steps = [set(k.example_ids) for k in reference_epoch]
+        per_rank = []
+        for rank in range(world):
+            s = EpochBatches(n, micro, seed=3, rank=rank, world_size=world, accumulate=accumulate)
+            s.set_epoch(epoch)
+            keys = list(s)
+            assert len(keys) == len(s) == len(steps) * accumulate  # same number of optimizer steps
+            per_rank.append(keys)
+        seen = []
+        for step, expected in enumerate(steps):
+            got = [i for keys in per_rank for k in keys[step * accumulate:(step + 1) * accumulate]
+                   for i in k.example_ids]
+            assert len(got) == len(set(got)) == global_batch and set(got) == expected
+            seen += got
+        # across the epoch: nothing duplicated, nothing dropped beyond drop_last's remainder
+        assert len(seen) == len(set(seen)) == n - n % global_batch
+        keys = [k.index for keys in per_rank for k in keys]
+        assert len(keys) == len(set(keys))  # every micro-batch has its own mask seed
+    assert len(reference) == n // global_batch
+
+
+def test_resume_at_skips_exactly_the_consumed_micro_batches():
+    s = EpochBatches(500, 8, seed=0, accumulate=2)
+    full = list(s)
+    s.resume_at(7)
+    assert list(s) == full[7:]
+    assert list(s) == full  # only the first iteration after resuming is shortened
+
+
+def test_streaming_ranks_read_disjoint_documents(tmp_path):
+    """Streamed corpora are split with datasets' split_dataset_by_node; the held-out documents are
+    left out of every rank's shard."""
+    import json
+
+    from pretrainlab.data.corpus import HubCorpus
+    from pretrainlab.data.pretrain import PretrainData, StreamingBatches
+    from pretrainlab.data.tokenizer import TokenizerSpec
+
+    for n_files in (1, 2):  # one file: every other row; two files: one file per rank
+        docs = []
+        for f in range(n_files):
+            path = tmp_path / f"docs{n_files}-{f}.jsonl"
+            with path.open("w") as out:
+                for i in range(f * 100 // n_files, (f + 1) * 100 // n_files):
+                    out.write(json.dumps({"text": f"Document number{i} begins. It ends here."}) + "\n")
+            docs.append(str(path))
+        corpus = HubCorpus(sources=[{"path": "json", "data_files": docs, "text_column": "text"}], streaming=True)
+
+        data = PretrainData(corpus, TokenizerSpec(vocab_size=200), tmp_path / "cache")
+        kw = dict(builder=None, collator=None, batch_size=4, seed=0, val_documents=10)
+        val = [d[0][:3].tolist() for d in StreamingBatches(data, split="val", **kw)._documents()]
+        ranks = [[d[0][:3].tolist() for d in StreamingBatches(data, split="train", rank=r, world_size=2,
+                                                               **kw)._documents()] for r in range(2)]
+        as_set = [{tuple(x) for x in r} for r in ranks]
+        assert len(val) == 10 and as_set[0].isdisjoint(as_set[1])
+        assert len(ranks[0]) + len(ranks[1]) == 90 and not (as_set[0] | as_set[1]) & {tuple(v) for v in val}
+        assert abs(len(ranks[0]) - len(ranks[1])) <= 10
+
+
+# --- exact resume -----------------------------------------------------------------------------------
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path, monkeypatch):
+    from pretrainlab.lit.pretrain import PretrainModule
+
+    overrides = [*RESUME, "max_steps=40", "device_batch_size=8"]  # accumulation 2
+    full = run(compose_train(*overrides), tmp_path / "full")
+    again = run(compose_train(*overrides), tmp_path / "again")
+    reference = losses(tmp_path / "full")
+    assert len(reference) == 40 and losses(tmp_path / "again") == reference  # determinism: same seed, same losses
+    assert full["global_step"] == again["global_step"] == 40
+
+    original = PretrainModule.on_train_batch_end
+
+    def crash_at_25(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.global_step == 25:
+            raise Crash("simulated crash after the step-20 checkpoint")
+
+    monkeypatch.setattr(PretrainModule, "on_train_batch_end", crash_at_25)
+    with pytest.raises(Crash):
+        run(compose_train(*overrides), tmp_path / "crashed")
+    monkeypatch.setattr(PretrainModule, "on_train_batch_end", original)
+    at_crash = torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert at_crash["global_step"] == 20
+    run(compose_train(*overrides, "ckpt_path=last"), tmp_path / "crashed")
+    resumed = losses(tmp_path / "crashed")
+    final = torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert final["global_step"] == 40 and final["epoch"] > at_crash["epoch"]  # the resumed part crosses an epoch
+    assert sorted(reference) == list(range(40))
+    for s in range(20, 40):  # every step after the checkpoint, bit for bit
+        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+    seeds = run(compose_train(*overrides, "seed=1", "max_steps=5"), tmp_path / "seed1")
+    assert seeds["global_step"] == 5 and losses(tmp_path / "seed1")[1] != reference[1]  # another seed, other masks
+
+
+def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "train.py", *RESUME, *overrides, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t0 = time.time()
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {path} appeared: {proc.stderr.read()[-3000:]}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig, devices", [(signal.SIGKILL, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 2)])
+def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, devices):
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={devices}"] if devices > 1 else []
+    steps = ["max_steps=60"]
+    ref = _start(tmp_path / "full", *ddp, *steps)
+    assert ref.wait() == 0, ref.stderr.read()[-3000:]
+    reference = losses(tmp_path / "full")
+
+    proc = _start(tmp_path / "killed", *ddp, *steps)
+    _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
+    proc.send_signal(sig)
+    code = proc.wait()
+    if devices > 1:  # the other rank loses its peer and exits too
+        time.sleep(1)
+    last = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    if sig == signal.SIGTERM:
+        assert code == 143  # preempted: saved, then exited
+        assert 20 <= last < 60
+    else:
+        # killed right after step=20.ckpt was written: last.ckpt holds step 10 or 20 (or later ones)
+        assert code == -signal.SIGKILL and last % 10 == 0 and 10 <= last < 60
+    resumed_proc = _start(tmp_path / "killed", *ddp, *steps, "ckpt_path=last")
+    assert resumed_proc.wait() == 0, resumed_proc.stderr.read()[-3000:]
+    resumed = losses(tmp_path / "killed")
+    assert sorted(reference) == list(range(60))
+    for s in range(last, 60):
+        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+
+
+# --- failures that must not corrupt anything ----------------------------------------------------------
+def test_non_finite_batches_can_be_skipped(tmp_path, monkeypatch):
+    from pretrainlab.objectives.roberta import RoBERTa
+
+    original = RoBERTa.forward
+    calls = {"n": 0}
+
+    def nan_once(self, encoder, batch):
+        out = original(self, encoder, batch)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            return type(out)(out.loss * float("nan"), out.metrics)
+        return out
+
+    monkeypatch.setattr(RoBERTa, "forward", nan_once)
+    run(compose_train(*RESUME, "max_steps=8", "on_nonfinite=skip"), tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 8 and int(ckpt["state_dict"]["skipped_batches"]) == 1
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_the_last_one_intact(tmp_path, monkeypatch):
+    import lightning as L
+    from fsspec.implementations.local import LocalFileOpener
+
+    run(compose_train(*RESUME, "max_steps=10"), tmp_path)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    original_write = LocalFileOpener.write
+
+    def half_then_die(self, data):
+        original_write(self, data[: len(data) // 2])
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(LocalFileOpener, "write", half_then_die)
+    with pytest.raises(OSError, match="disk full"):
+        run(compose_train(*RESUME, "max_steps=20", "ckpt_path=last"), tmp_path)
+    monkeypatch.undo()
+    assert last.read_bytes() == before
+    assert torch.load(last, weights_only=False)["global_step"] == 10
+
+
+def test_bf16_mixed_runs_on_cpu(tmp_path):
+    result = run(compose_train(*RESUME, "max_steps=4", "trainer.precision=bf16-mixed"), tmp_path)
+    assert result["global_step"] == 4 and np.isfinite(losses(tmp_path)[3])
+
+
+def test_multirun_with_ddp_is_refused_with_the_supported_alternatives(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", *RESUME, "max_steps=2", "trainer=ddp", "trainer.accelerator=cpu",
+           "trainer.devices=2", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
+    out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "trainer.strategy=ddp_spawn" in out.stderr and "W&B agent" in out.stderr
