@@ -252,3 +252,50 @@ def test_multirun_with_ddp_is_refused_with_the_supported_alternatives(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
     assert out.returncode != 0
     assert "trainer.strategy=ddp_spawn" in out.stderr and "W&B agent" in out.stderr
+
+
+def test_ckpt_path_auto_resumes_only_when_there_is_a_checkpoint(tmp_path):
+    from pretrainlab.train import resolve_checkpoint
+
+    assert resolve_checkpoint("auto", tmp_path) is None  # a first submission starts fresh
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert resolve_checkpoint("auto", tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        resolve_checkpoint("last", tmp_path / "elsewhere")
+
+
+# --- compute budgets ------------------------------------------------------------------------------
+def test_roberta_and_electra_stop_at_equal_flops_within_one_step(tmp_path):
+    budget = 2.0e11
+    final = {}
+    for objective in ("roberta", "electra"):
+        run(compose_train(*RESUME, f"objective={objective}", f"budget.flops={budget}", "max_steps=3"),
+            tmp_path / objective)
+        ckpt = torch.load(tmp_path / objective / "checkpoints" / "last.ckpt", weights_only=False)
+        tokens = ckpt["state_dict"]["tokens_seen"].item()
+        rows = [r for f in (tmp_path / objective).glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]
+        used = [float(r["budget/used"]) for r in rows if r.get("budget/used")]
+        per_step = np.diff(used).max()
+        final[objective] = (used[-1], per_step, ckpt["global_step"])
+        assert budget <= used[-1] < budget + per_step  # stopped by the first step that reached the budget
+        assert used[-2] < budget
+        assert ckpt["global_step"] > 3 and tokens > 0  # max_steps does not apply under a budget
+        lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+        assert lrs[-1] < 0.1 * max(lrs)  # the schedule decayed over the budget, not over max_steps
+    (r_used, r_step, r_steps), (e_used, e_step, e_steps) = final["roberta"], final["electra"]
+    assert abs(r_used - e_used) < max(r_step, e_step)
+    assert e_steps < r_steps  # ELECTRA's generator makes each of its steps costlier
+
+
+def test_token_and_minute_budgets_and_bad_budgets(tmp_path):
+    run(compose_train(*RESUME, "budget.tokens=20000"), tmp_path / "tokens")
+    ckpt = torch.load(tmp_path / "tokens" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert 20000 <= ckpt["state_dict"]["tokens_seen"].item() < 20000 + 16 * 64
+    run(compose_train(*RESUME, "budget.minutes=0.05"), tmp_path / "minutes")
+    ckpt = torch.load(tmp_path / "minutes" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["state_dict"]["train_seconds"].item() >= 3.0
+    with pytest.raises(ConfigError, match="set one budget"):
+        run(compose_train(*RESUME, "budget.tokens=1000", "budget.flops=1.0e9"), tmp_path / "two")
+    with pytest.raises(ConfigError, match="must be positive"):
+        run(compose_train(*RESUME, "budget.tokens=0"), tmp_path / "zero")

@@ -97,12 +97,15 @@ def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
     out = subprocess.run(
         [sys.executable, "train.py", "model=tiny", "data.num_documents=200", "max_seq_len=64", "batch_size=16",
          "max_steps=6", "val_every=3", "checkpoint_every=3", "num_workers=0", "tokenizer.vocab_size=800",
-         f"hydra.run.dir={run_dir}"],
+         "log_encoder_artifact=true", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
+    run_id = (run_dir / ".wandb_id").read_text().strip()
+    log = next(offline[0].glob("run-*.wandb")).read_bytes()
+    assert f"encoder-{run_id}".encode() in log  # the exported encoder, logged as a model artifact
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "encoder" / "encoder.safetensors").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()

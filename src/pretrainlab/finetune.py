@@ -196,6 +196,7 @@ def _log_summary(logger, result: dict) -> None:
         for k, v in result["metrics"].items():
             summary[f"glue/{result['task']}/{k}"] = v
         summary[f"glue/{result['task']}/score"] = result["score"]
+        summary["glue/score"] = result["score"]  # one key for every task: the metric of sweeps/glue.yaml
 
 
 def _world_size(cfg: DictConfig) -> int:

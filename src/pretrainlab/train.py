@@ -58,7 +58,7 @@ def validate(cfg: DictConfig) -> None:
     """Refuse settings that cannot work, before anything expensive happens."""
     validate_precision(cfg)
     _refuse_multirun_ddp(cfg)
-    if cfg.max_steps < 1:
+    if cfg.max_steps < 1 and not any(v is not None for v in (cfg.get("budget") or {}).values()):
         raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}.")
     max_pos = cfg.model.get("max_position_embeddings", 512)
     if cfg.max_seq_len > max_pos:
@@ -88,9 +88,13 @@ def _refuse_multirun_ddp(cfg: DictConfig) -> None:
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``last`` (this run directory), a run directory, or a checkpoint file."""
+    """``last`` (this run directory), ``auto`` (``last`` if it exists, else a fresh start: for
+    requeued cluster jobs), a run directory, or a checkpoint file."""
     if not ckpt_path:
         return None
+    if ckpt_path == "auto":
+        p = run_dir / "checkpoints" / "last.ckpt"
+        return str(p) if p.is_file() else None
     if ckpt_path == "last":
         p = run_dir / "checkpoints" / "last.ckpt"
         if not p.is_file():
@@ -162,6 +166,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     optim = instantiate(cfg.optim)
     module = PretrainModule(encoder_config, objective, optim, cfg.max_steps, cfg.max_seq_len, seed=cfg.seed,
                             on_nonfinite=cfg.get("on_nonfinite", "stop"))
+    budget = build_budget(cfg, datamodule, module.flops_per_token)
+    if budget is not None:
+        module.budget = budget
+        log.info("budget: %s %s (about %s per step); max_steps is not used", f"{budget.total:.4g}", budget.kind,
+                 f"{budget.expected_per_step or float('nan'):.4g}")
+    max_steps = cfg.max_steps if budget is None else -1
     log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
              objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
 
@@ -174,9 +184,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate))
     trainer: L.Trainer = instantiate(
-        cfg.trainer, max_steps=cfg.max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
+        cfg.trainer, max_steps=max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
         callbacks=callbacks,
-        val_check_interval=min(cfg.val_every, cfg.max_steps), check_val_every_n_epoch=None,
+        val_check_interval=cfg.val_every if budget is not None else min(cfg.val_every, cfg.max_steps),
+        check_val_every_n_epoch=None,
         gradient_clip_val=optim.grad_clip, use_distributed_sampler=False, accumulate_grad_batches=accumulate,
     )
     try:
@@ -195,13 +206,51 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         if trainer.is_global_zero and cfg.export:
             out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
                 "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
-                "tokens_seen": float(module.tokens_seen), "config": OmegaConf.to_container(cfg, resolve=True),
+                "tokens_seen": float(module.tokens_seen), "flops": float(module.tokens_seen) * module.flops_per_token,
+                "config": OmegaConf.to_container(cfg, resolve=True),
             })
             result["encoder_dir"] = str(out)
             log.info("exported encoder -> %s", out)
+            if cfg.get("log_encoder_artifact"):
+                log_encoder_artifact(logger, out, objective.name)
     finally:
         finish_logger(logger)
     return result
+
+
+def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:
+    """The exported encoder as a W&B model artifact of this run (uploaded by `wandb sync` when offline)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if not isinstance(logger, WandbLogger):
+        log.warning("log_encoder_artifact=true needs logger=wandb; no artifact logged")
+        return
+    import wandb
+
+    run = logger.experiment
+    artifact = wandb.Artifact(f"encoder-{run.id}", type="model", metadata={"objective": objective})
+    artifact.add_dir(str(export_dir))
+    run.log_artifact(artifact, aliases=["latest"])
+
+
+def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_token: float) -> "Budget | None":
+    """The one budget set in ``cfg.budget`` (tokens, flops or minutes), or None (max_steps)."""
+    from pretrainlab.lit.pretrain import Budget
+
+    chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}
+    if not chosen:
+        return None
+    if len(chosen) > 1:
+        raise ConfigError(f"set one budget, not {len(chosen)}: {', '.join(f'budget.{k}' for k in chosen)}.")
+    kind, total = next(iter(chosen.items()))
+    store = datamodule.train_store
+    tokens_per_example = store.num_tokens / len(store) if store is not None else cfg.max_seq_len
+    per_step = {"tokens": cfg.batch_size * tokens_per_example, "minutes": 0.0}
+    per_step["flops"] = per_step["tokens"] * flops_per_token
+    try:
+        return Budget(kind, float(total), per_step[kind])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> tuple[int, int]:

@@ -61,10 +61,49 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return max(min_ratio, 1.0 - (1.0 - min_ratio) * min(1.0, progress))
 
 
+@dataclass
+class Budget:
+    """How long pretraining runs, in one unit: optimizer ``steps``, training ``tokens``, training
+    ``flops`` (ELECTRA's generator included) or wall-clock ``minutes`` of training.
+
+    The learning-rate schedule follows the budget's own progress (consumed / total), so warmup
+    and decay are fitted to the budgeted length whatever the objective's cost per step, and the run
+    stops after the first optimizer step that reaches the budget."""
+
+    kind: str = "steps"
+    total: float = 0.0
+    expected_per_step: float = 0.0  # a first estimate, for the first step's learning rate
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("steps", "tokens", "flops", "minutes"):
+            raise ValueError(f"budget kind must be steps, tokens, flops or minutes, got {self.kind!r}.")
+        if not self.total > 0:
+            raise ValueError(f"budget.{self.kind} must be positive, got {self.total}.")
+
+
+def budget_lr_factor(progress: float, step_progress: float, warmup: float, warmup_steps: int, step: int,
+                     min_ratio: float) -> float:
+    """Linear warmup then linear decay to ``min_ratio`` over budget progress in [0, 1].
+    ``warmup`` < 1 is a fraction of the budget; else ``warmup_steps`` optimizer steps."""
+    if warmup_steps > 0:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        start = 0.0
+    else:
+        ahead = progress + step_progress  # the step this learning rate will be used for
+        if warmup > 0 and ahead < warmup:
+            return max(ahead, 1e-8) / warmup
+        start = warmup
+    decay = (progress - start) / max(1e-12, 1.0 - start)
+    return max(min_ratio, 1.0 - (1.0 - min_ratio) * min(1.0, max(0.0, decay)))
+
+
 class PretrainModule(L.LightningModule):
     def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig,
-                 max_steps: int, seq_len: int, seed: int = 0, on_nonfinite: str = "stop"):
+                 max_steps: int, seq_len: int, seed: int = 0, on_nonfinite: str = "stop",
+                 budget: Budget | None = None):
         super().__init__()
+        self.budget = budget or Budget("steps", max_steps)
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite must be stop or skip, got {on_nonfinite!r}.")
         self.seed, self.on_nonfinite = seed, on_nonfinite
@@ -78,6 +117,8 @@ class PretrainModule(L.LightningModule):
         # counters saved in checkpoints, so a resumed run keeps counting where it stopped
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_batches", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("train_seconds", torch.zeros((), dtype=torch.float64))
+        self._last_consumed = 0.0
         self._step_start: float | None = None
 
     # --- steps ----------------------------------------------------------------------------------
@@ -127,9 +168,44 @@ class PretrainModule(L.LightningModule):
             [self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0]))
         self._step_start = time.perf_counter()
 
+    # --- budget ----------------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        self._consumed_before = self.consumed()  # a resumed run starts counting from the checkpoint
+
+    def consumed(self) -> float:
+        """How much of the budget's unit has been spent so far (saved in checkpoints)."""
+        kind = self.budget.kind
+        if kind == "steps":
+            return float(self.global_step)
+        if kind == "tokens":
+            return float(self.tokens_seen)
+        if kind == "flops":
+            return float(self.tokens_seen) * self.flops_per_token
+        return float(self.train_seconds) / 60.0
+
+    def progress(self) -> float:
+        return self.consumed() / self.budget.total
+
+    def _step_progress(self) -> float:
+        per_step = self._last_consumed or self.budget.expected_per_step
+        return per_step / self.budget.total
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self._step_start is not None:
             elapsed = time.perf_counter() - self._step_start
+            seconds = torch.tensor(elapsed, dtype=torch.float64, device=self.train_seconds.device)
+            if dist.is_available() and dist.is_initialized():  # the slowest rank's clock, on every rank
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+            self.train_seconds += seconds
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:  # after an optimizer step
+            used = self.consumed()
+            self._last_consumed = max(0.0, used - getattr(self, "_consumed_before", 0.0))
+            self._consumed_before = used
+            self.log("budget/used", used, batch_size=1)
+            self.log("budget/fraction", used / self.budget.total, batch_size=1)
+            if self.budget.kind != "steps" and used >= self.budget.total:
+                self.trainer.should_stop = True
+        if self._step_start is not None:
             tokens = float(self._step_tokens) if self.global_step % self.trainer.log_every_n_steps == 0 else None
             if tokens is not None and elapsed > 0:
                 self.log("perf/tokens_per_s", tokens / elapsed, batch_size=batch["input_ids"].shape[0])
@@ -160,11 +236,17 @@ class PretrainModule(L.LightningModule):
             if self.optim.fused:  # asked for explicitly: say it is not available
                 raise
             opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps)
-        warmup = self.optim.warmup_steps(self.max_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, warmup, self.max_steps, self.optim.min_lr_ratio)
-        )
+        if self.budget.kind == "steps":
+            warmup = self.optim.warmup_steps(self.max_steps)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda s: lr_lambda(s, warmup, self.max_steps, self.optim.min_lr_ratio)
+            )
+        else:
+            fraction = self.optim.warmup if self.optim.warmup < 1 else 0.0
+            steps = int(self.optim.warmup) if self.optim.warmup >= 1 else 0
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: budget_lr_factor(
+                self.progress(), self._step_progress(), fraction, steps, s, self.optim.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-__all__ = ["OptimConfig", "PretrainModule", "lr_lambda"]
+__all__ = ["Budget", "OptimConfig", "PretrainModule", "budget_lr_factor", "lr_lambda"]
