@@ -12,7 +12,7 @@ from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.train import build_objective
 from pretrainlab.tokens import SpecialTokens
-from tests.conftest import CONF, ROOT, compose_train
+from tests.conftest import CONF, ROOT, compose_config, compose_train
 
 import numpy as np
 
@@ -28,6 +28,13 @@ def test_groups_are_found():
 
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_instantiates(group, option, tmp_path):
+    if group == "task":  # fine-tuning recipes belong to conf/finetune.yaml
+        from pretrainlab.glue.tasks import get_task
+
+        cfg = compose_config("finetune", f"task={option}", "pretrained=x")
+        assert get_task(cfg.task.name).name == option
+        assert cfg.task.lr > 0 and cfg.task.batch_size > 0 and cfg.task.epochs > 0 and cfg.task.max_seq_len > 0
+        return
     cfg = compose_train(f"{group}={option}", *REQUIRED.get((group, option), []))
     node = cfg[group]
     if group == "objective":
@@ -45,6 +52,16 @@ def test_option_composes_and_instantiates(group, option, tmp_path):
         assert instantiate(node, logger=False, **late) is not None
     else:
         assert instantiate(node) is not None
+
+
+PRIMARY = sorted(y.stem for y in CONF.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRIMARY)
+def test_every_entry_point_config_composes(name):
+    cfg = compose_config(name)
+    assert cfg is not None and len(cfg) > 0
+    assert set(PRIMARY) >= {"train", "finetune", "glue", "ablate", "ablate_quick"}
 
 
 def test_unknown_choice_lists_the_valid_ones():

@@ -1,0 +1,343 @@
+"""Pretraining-step speed: pretrainlab against Hugging Face transformers, same inputs, same run.
+
+    python experiments/bench.py                                   # model=mini, seq 128, batch 32, fp32 + bf16
+    python experiments/bench.py --model tiny --precision fp32 --objectives roberta,electra
+    python experiments/bench.py --data ../shared/data/corpus/gutenberg   # also time the data pipeline
+
+For every objective and precision it runs a full training step (forward, backward, AdamW) of our
+encoder + objective and of the transformers equivalent on the same batch:
+
+    bert     BertForPreTraining          (MLM + NSP)
+    albert   AlbertForPreTraining        (MLM + SOP; our encoder's shape, unshared layers)
+    roberta  RobertaForMaskedLM
+    electra  ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator), composed
+
+and prints tokens/s, the ratio ours / HF, MFU (useful model FLOPs per second over this machine's
+matmul peak, measured in the same run with torch.mm in the same dtype) and peak memory. Each case
+runs in its own process, so peak memory (max RSS on CPU, max allocated on CUDA) is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 30522
+SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
+HF_CLASSES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining", "roberta": "RobertaForMaskedLM",
+              "electra": "ElectraForMaskedLM + ElectraForPreTraining"}
+
+
+# --- the machine's matmul peak ---------------------------------------------------------------------------
+def matmul_peak(dtype_name: str, device: str, n: int = 2048, seconds: float = 2.0) -> float:
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        torch.mm(a, b)
+    _sync(device)
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        reps += 1
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# --- one case, in its own process ---------------------------------------------------------------------------
+def make_batch(objective, seq_len: int, batch_size: int, seed: int = 0):
+    """Random-token examples of exactly seq_len tokens (pairs for bert/albert), masked by our collator."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    examples = []
+    for _ in range(batch_size):
+        body = rng.integers(1000, VOCAB, size=seq_len - 3 if objective.uses_pooler else seq_len - 2)
+        if objective.uses_pooler:  # [CLS] A [SEP] B [SEP]
+            cut = int(rng.integers(8, len(body) - 8))
+            ids = np.concatenate([[101], body[:cut], [102], body[cut:], [102]])
+            types = np.r_[np.zeros(cut + 2, np.int64), np.ones(len(ids) - cut - 2, np.int64)]
+            examples.append({"input_ids": ids.astype(np.int32), "token_type_ids": types, "label": rng.integers(2)})
+        else:
+            examples.append({"input_ids": np.concatenate([[101], body, [102]]).astype(np.int32)})
+    batch = objective.collator()(examples, torch.Generator().manual_seed(seed))
+    if "token_type_ids" not in batch:
+        batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+    return batch
+
+
+def build_ours(objective_name: str, model: str):
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from pretrainlab.model.encoder import Encoder, EncoderConfig
+    from pretrainlab.tokens import SpecialTokens
+
+    tokens = SpecialTokens(VOCAB, SPECIAL["pad"], SPECIAL["unk"], SPECIAL["cls"], SPECIAL["sep"], SPECIAL["mask"],
+                           np.zeros(VOCAB, dtype=bool))
+    mcfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"))
+    mcfg.pop("_target_")
+    mcfg["vocab_size"] = VOCAB
+    config = EncoderConfig(**mcfg)
+    ocfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "objective" / f"{objective_name}.yaml"))
+    target = ocfg.pop("_target_")
+    module, cls = target.rsplit(".", 1)
+    objective = getattr(__import__(module, fromlist=[cls]), cls)(encoder_config=config, tokens=tokens, **ocfg)
+    encoder = Encoder(config)
+    if encoder.pooler is not None and not objective.uses_pooler:
+        encoder.pooler.requires_grad_(False)
+    return encoder, objective
+
+
+def build_hf(objective_name: str, config):
+    """The transformers model of the same shape as our encoder config."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+                  num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
+                  max_position_embeddings=config.max_position_embeddings, type_vocab_size=2,
+                  hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,
+                  attn_implementation="sdpa")
+    if objective_name == "bert":
+        return tf.BertForPreTraining(tf.BertConfig(**common))
+    if objective_name == "roberta":
+        return tf.RobertaForMaskedLM(tf.RobertaConfig(**common, pad_token_id=1))
+    if objective_name == "albert":
+        return tf.AlbertForPreTraining(tf.AlbertConfig(**common, embedding_size=config.embedding_size,
+                                                       num_hidden_groups=config.num_layers, inner_group_num=1))
+    # electra: generator at 1/4 width sharing the embeddings, discriminator
+    g = config.scaled(0.25)
+    gen = tf.ElectraForMaskedLM(tf.ElectraConfig(**{**common, "hidden_size": g.hidden_size,
+                                                    "num_attention_heads": g.num_heads,
+                                                    "intermediate_size": g.intermediate_size},
+                                                 embedding_size=config.embedding_size))
+    disc = tf.ElectraForPreTraining(tf.ElectraConfig(**common, embedding_size=config.embedding_size))
+    gen.electra.embeddings = disc.electra.embeddings  # shared token/position/segment embeddings
+    return _ElectraPair(gen, disc)
+
+
+class _ElectraPair:
+    def __init__(self, gen, disc):
+        import torch
+
+        self.gen, self.disc = gen, disc
+        self.module = torch.nn.ModuleList([gen, disc])
+
+
+def hf_step_fn(objective_name: str, model, batch):
+    """A closure computing the transformers loss on our batch (labels in HF's format)."""
+    import torch
+
+    ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    labels = torch.full_like(ids, -100).flatten()
+    labels[batch["mlm_positions"]] = batch["mlm_labels"]
+    labels = labels.view_as(ids)
+    if objective_name == "bert":
+        return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
+                             next_sentence_label=batch["labels"]).loss
+    if objective_name == "albert":
+        return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
+                             sentence_order_label=batch["labels"]).loss
+    if objective_name == "roberta":
+        return lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def electra():
+        gen_out = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+        with torch.no_grad():
+            probs = torch.softmax(gen_out.logits.detach().float(), -1)
+            sampled = torch.multinomial(probs.view(-1, probs.shape[-1]), 1).view_as(ids)
+            masked = labels != -100
+            disc_ids = torch.where(masked, sampled, ids)
+            original = torch.where(masked, labels, ids)
+            replaced = (disc_ids != original).long()
+        disc_out = model.disc(input_ids=disc_ids, token_type_ids=types, attention_mask=mask, labels=replaced)
+        return gen_out.loss + 50.0 * disc_out.loss
+
+    return electra
+
+
+def run_case(impl: str, objective_name: str, precision: str, model: str, seq_len: int, batch_size: int,
+             steps: int, warmup: int, device: str, compile_: bool) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    encoder, objective = build_ours(objective_name, model)
+    batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in make_batch(objective, seq_len, batch_size).items()}
+    n_tokens = int(batch["attention_mask"].sum())
+    useful_flops = objective.flops_per_token(encoder, seq_len) * n_tokens  # the same count for both
+    if impl == "ours":
+        encoder.to(device), objective.to(device)
+        params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
+        fn = lambda: objective(encoder, batch).loss  # noqa: E731
+        if compile_:
+            encoder.forward = torch.compile(encoder.forward)
+        fused = True
+    else:
+        hf = build_hf(objective_name, encoder.config)
+        module = hf.module if isinstance(hf, _ElectraPair) else hf
+        module.to(device).train()
+        params = [p for p in module.parameters() if p.requires_grad]
+        fn = hf_step_fn(objective_name, hf, batch)
+        fused = False  # transformers' Trainer default (adamw_torch)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=fused) if fused else torch.optim.AdamW(params, lr=1e-4)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step():
+        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
+            loss = fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    first = time.perf_counter() - t0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    per_step = (time.perf_counter() - t0) / steps
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"impl": impl, "objective": objective_name, "precision": precision, "step_s": per_step,
+            "warmup_s": first, "tokens_per_s": n_tokens / per_step, "flops_per_s": useful_flops / per_step,
+            "peak_mem_mb": peak / 2**20}
+
+
+# --- data pipeline --------------------------------------------------------------------------------------
+def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, workers: int) -> None:
+    import shutil
+    import tempfile
+
+    from pretrainlab.data.corpus import TextFiles
+    from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
+    from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
+
+    cache = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    try:
+        times = []
+        for attempt in ("first (cold cache)", "second (cached)"):
+            t0 = time.perf_counter()
+            data = PretrainData(TextFiles(files=[path], strip_gutenberg=True), TokenizerSpec(), cache)
+            tokens = special_tokens(data.tokenizer)
+            encoder, objective = build_ours(objective_name, "mini")
+            objective = type(objective)(encoder_config=encoder.config.__class__(**{**encoder.config.to_dict(),
+                                        "vocab_size": tokens.vocab_size}), tokens=tokens)
+            store = data.examples(objective.example_builder(seq_len), "train")
+            data.examples(objective.example_builder(seq_len), "val")
+            times.append(time.perf_counter() - t0)
+            print(f"data pipeline, {attempt}: {times[-1]:.1f}s ({len(store):,} examples, {store.num_tokens:,} tokens)")
+        dm = PretrainDataModule(data, objective.example_builder(seq_len), objective.collator(), batch_size, 0,
+                                num_workers=workers)
+        dm.prepare()
+        loader = dm.train_dataloader()
+        it = iter(loader)
+        next(it)
+        t0, n = time.perf_counter(), 0
+        for _ in range(50):
+            next(it)
+            n += 1
+        per_batch = (time.perf_counter() - t0) / n
+        print(f"DataLoader ({workers} worker(s)): {1000 * per_batch:.1f} ms per batch of {batch_size} "
+              f"(compare with the step times above: the step never waits when this is smaller)")
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mini")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--objectives", default="bert,albert,roberta,electra")
+    parser.add_argument("--precision", default="fp32,bf16")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile our encoder (warm-up cost reported)")
+    parser.add_argument("--data", default=None, help="a corpus (file or directory) to time the data pipeline on")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.case:  # a child process: one case, JSON on stdout
+        impl, objective, precision = args.case.split(":")
+        print(json.dumps(run_case(impl, objective, precision, args.model, args.seq_len, args.batch, args.steps,
+                                  args.warmup, args.device, args.compile)))
+        return 0
+
+    import torch
+
+    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads; model={args.model}, "
+          f"seq {args.seq_len}, batch {args.batch}; {args.steps} timed steps after {args.warmup} warm-up")
+    results = []
+    for precision in args.precision.split(","):
+        peak = matmul_peak(precision, args.device)
+        print(f"\nmatmul peak ({precision}, torch.mm 2048x2048): {peak / 1e9:.1f} GFLOP/s")
+        for objective in args.objectives.split(","):
+            row = {}
+            for impl in ("ours", "hf"):
+                cmd = [sys.executable, __file__, "--case", f"{impl}:{objective}:{precision}", "--model", args.model,
+                       "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps", str(args.steps),
+                       "--warmup", str(args.warmup), "--device", args.device] + (["--compile"] if args.compile else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    raise RuntimeError(f"{impl} {objective} {precision} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                r["mfu"] = r["flops_per_s"] / peak
+                row[impl] = r
+                results.append(r)
+            ours, hf = row["ours"], row["hf"]
+            print(f"  {objective:8s} ours {ours['tokens_per_s']:8.0f} tok/s  MFU {100 * ours['mfu']:5.1f}%  "
+                  f"{ours['peak_mem_mb']:6.0f} MB | HF {hf['tokens_per_s']:8.0f} tok/s  MFU {100 * hf['mfu']:5.1f}%  "
+                  f"{hf['peak_mem_mb']:6.0f} MB | ours/HF {ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x"
+                  + (f"  (compile warm-up {ours['warmup_s']:.1f}s)" if args.compile else ""))
+    print("\n| objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i in range(0, len(results), 2):
+        o, h = results[i], results[i + 1]
+        print(f"| {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
+              f"{o['tokens_per_s'] / h['tokens_per_s']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
+              f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.data:
+        print()
+        bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
