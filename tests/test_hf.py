@@ -104,7 +104,7 @@ def test_a_real_bert_checkpoint_fine_tunes_through_the_glue_pipeline(tmp_path):
                          "glue.synthetic.scale=0.05", "task.epochs=1", "task.max_seq_len=64", "logger=csv",
                          "trainer.enable_progress_bar=false")
     result = finetune(cfg, tmp_path)
-    assert result["label"] == "hf:model" and result["pretrained"]["format"] == "hf"
+    assert result["label"] == "hf:MiniLM-L6-H384-uncased" and result["pretrained"]["format"] == "hf"
     assert 0 <= result["metrics"]["accuracy"] <= 1
 
 

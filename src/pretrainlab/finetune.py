@@ -62,7 +62,7 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
         from pretrainlab.hf import load_hf_encoder
 
         encoder, tokenizer, tokens, source = load_hf_encoder(str(pretrained)[3:])
-        label = f"hf:{Path(str(pretrained)[3:]).name}"
+        label = f"hf:{source['name']}"
     else:
         path = resolve_export_dir(pretrained)
         encoder, tokenizer, meta = load_encoder(path)

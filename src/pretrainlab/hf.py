@@ -268,7 +268,9 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     d = Path(os.path.expanduser(str(path)))
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"hf:{path}: no config.json; expected a transformers model directory.")
-    cfg, arch = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
+    hf_cfg = json.loads((d / "config.json").read_text())
+    cfg, arch = encoder_config_from_hf(hf_cfg)
+    name = str(hf_cfg.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
     if (d / "model.safetensors").is_file():
         hf = load_file(str(d / "model.safetensors"))
     elif (d / "pytorch_model.bin").is_file():
@@ -285,4 +287,5 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     tokens = special_tokens(tokenizer, specials)
     if tokens.vocab_size > cfg.vocab_size:
         raise HFFormatError(f"the tokenizer has {tokens.vocab_size} tokens, the model {cfg.vocab_size}.")
-    return encoder, tokenizer, tokens, {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf"}
+    return encoder, tokenizer, tokens, {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf",
+                                        "name": name}

@@ -37,7 +37,10 @@ def default_output_dir(pretrained: str, init: str) -> Path:
     outside a run, ``<export dir>/glue``; for ``hf:<dir>``, ``runs/glue/hf-<name>``."""
     suffix = "glue-scratch" if init == "scratch" else "glue"
     if str(pretrained).startswith("hf:"):
-        return Path("runs") / "glue" / f"hf-{Path(str(pretrained)[3:]).name}{'-scratch' if init == 'scratch' else ''}"
+        d = Path(str(pretrained)[3:]).expanduser()
+        config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+        name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
+        return Path("runs") / "glue" / f"hf-{name}{'-scratch' if init == 'scratch' else ''}"
     export = resolve_export_dir(pretrained)
     run = export.parent if export.name == "encoder" else export
     return run / suffix
