@@ -25,7 +25,7 @@ train: install
 	$(PY) train.py $(ARGS)
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

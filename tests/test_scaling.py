@@ -173,7 +173,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 @pytest.mark.parametrize("sig, devices", [(signal.SIGKILL, 1), (signal.SIGTERM, 1), (signal.SIGKILL, 2)])
 def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, devices):
     ddp = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={devices}"] if devices > 1 else []
-    steps = ["max_steps=60"]
+    steps = ["max_steps=40"]
     ref = _start(tmp_path / "full", *ddp, *steps)
     assert ref.wait() == 0, ref.stderr.read()[-3000:]
     reference = losses(tmp_path / "full")
@@ -187,15 +187,15 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, devices
     last = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     if sig == signal.SIGTERM:
         assert code == 143  # preempted: saved, then exited
-        assert 20 <= last < 60
+        assert 20 <= last < 40
     else:
         # killed right after step=20.ckpt was written: last.ckpt holds step 10 or 20 (or later ones)
-        assert code == -signal.SIGKILL and last % 10 == 0 and 10 <= last < 60
+        assert code == -signal.SIGKILL and last % 10 == 0 and 10 <= last < 40
     resumed_proc = _start(tmp_path / "killed", *ddp, *steps, "ckpt_path=last")
     assert resumed_proc.wait() == 0, resumed_proc.stderr.read()[-3000:]
     resumed = losses(tmp_path / "killed")
-    assert sorted(reference) == list(range(60))
-    for s in range(last, 60):
+    assert sorted(reference) == list(range(40))
+    for s in range(last, 40):
         assert resumed[s] == reference[s], (s, resumed[s], reference[s])
 
 
@@ -267,7 +267,7 @@ def test_ckpt_path_auto_resumes_only_when_there_is_a_checkpoint(tmp_path):
 
 # --- compute budgets ------------------------------------------------------------------------------
 def test_roberta_and_electra_stop_at_equal_flops_within_one_step(tmp_path):
-    budget = 2.0e11
+    budget = 8.0e10
     final = {}
     for objective in ("roberta", "electra"):
         run(compose_train(*RESUME, f"objective={objective}", f"budget.flops={budget}", "max_steps=3"),
