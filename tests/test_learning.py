@@ -55,6 +55,8 @@ def test_electra_generator_and_discriminator_learn(tmp_path):
     assert result["val/gen_mlm_acc"] > 2 * unigram_baseline()
     replaced = result["val/replaced_frac"]
     assert 0.1 < replaced < 0.3  # 30% masked, minus the generator's correct samples
-    # the discriminator beats always answering "original" (accuracy 1 - replaced) by a clear margin
-    assert result["val/rtd_acc"] > (1 - replaced) + 0.015, (result["val/rtd_acc"], 1 - replaced)
-    assert result["val/rtd_recall"] > 0.1  # it finds a share of the replacements, not one or two
+    # the discriminator beats always answering "original" (accuracy 1 - replaced), and what it flags
+    # is mostly replaced: precision far above chance (= the replaced fraction)
+    assert result["val/rtd_acc"] > (1 - replaced) + 0.01, (result["val/rtd_acc"], 1 - replaced)
+    assert result["val/rtd_precision"] > 3 * replaced, (result["val/rtd_precision"], replaced)
+    assert result["val/rtd_recall"] > 0.05  # it finds a share of the replacements, not one or two
