@@ -51,9 +51,9 @@ def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path
 
     encoder, _, _ = load_encoder(tmp_path / "run")
     encoder.eval()
-    hf = transformers.AutoModel.from_pretrained(out).eval()
+    hf = transformers.AutoModel.from_pretrained(out, local_files_only=True).eval()
     assert isinstance(hf, getattr(transformers, base_class))
-    tok = transformers.AutoTokenizer.from_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     enc = tok(["The kolam sees a drum.", "Once a tin ka dak ta some vir ki near the fuskai ka."],
               ["Later the vir ki sees it.", "Then."], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -62,7 +62,8 @@ def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=1e-4)
     # the pretraining head came along: transformers loads it with nothing missing
-    full, info = getattr(transformers, head_class).from_pretrained(out, output_loading_info=True)
+    full, info = getattr(transformers, head_class).from_pretrained(out, output_loading_info=True,
+                                                                  local_files_only=True)
     assert not [k for k in info["missing_keys"] if "position_ids" not in k], info["missing_keys"]
 
 
@@ -79,9 +80,9 @@ def test_a_real_bert_checkpoint_imports_with_identical_hidden_states():
     encoder, tokenizer, tokens, source = load_hf_encoder(d)
     assert encoder.config.hidden_size == 384 and encoder.config.num_layers == 6 and tokens.vocab_size == 30522
     assert (tokens.cls_id, tokens.sep_id, tokens.pad_id, tokens.mask_id) == (101, 102, 0, 103)
-    hf = transformers.BertModel.from_pretrained(d).eval()
+    hf = transformers.BertModel.from_pretrained(d, local_files_only=True).eval()
     encoder.eval()
-    ref = transformers.AutoTokenizer.from_pretrained(d)
+    ref = transformers.AutoTokenizer.from_pretrained(d, local_files_only=True)
     texts = ["A man is playing a flute.", "Pretraining objectives are compared on GLUE."]
     enc = ref(texts, ["Someone plays music.", "Which is worth its compute?"], padding=True, return_tensors="pt")
     # our tokenizer (from tokenizer.json) produces the same ids as transformers'

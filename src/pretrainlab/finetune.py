@@ -37,7 +37,7 @@ from pretrainlab.lit.pretrain import OptimConfig
 from pretrainlab.loggers import build_logger, finish_logger
 from pretrainlab.model.encoder import ConfigError, Encoder
 from pretrainlab.tokens import SpecialTokens
-from pretrainlab.train import hydra_choices, validate_precision
+from pretrainlab.train import _world_size, hydra_choices, validate_precision
 
 log = logging.getLogger("pretrainlab")
 
@@ -197,12 +197,6 @@ def _log_summary(logger, result: dict) -> None:
             summary[f"glue/{result['task']}/{k}"] = v
         summary[f"glue/{result['task']}/score"] = result["score"]
         summary["glue/score"] = result["score"]  # one key for every task: the metric of sweeps/glue.yaml
-
-
-def _world_size(cfg: DictConfig) -> int:
-    from pretrainlab.train import _world_size as world_size
-
-    return world_size(cfg)
 
 
 __all__ = ["Pretrained", "load_pretrained", "run", "task_score"]

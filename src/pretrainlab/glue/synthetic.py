@@ -112,6 +112,12 @@ class _World:
         return replace(c, stage=r.choice(STAGES) if r.random() < 0.5 else None,
                        subj_adj=self.adj(t), obj_adj=self.adj(t), prep=c.prep if r.random() < 0.5 else None)
 
+    def other_verb_or(self, c: Clause, t: int, slot: str, base: Clause) -> Clause:
+        """``c`` with, at even odds, another verb than ``base``'s or another noun in ``slot``."""
+        if self.rng.random() < 0.5:
+            return replace(c, verb=self.verb(t, avoid=base.verb))
+        return replace(c, **{slot: self.noun(t, avoid=getattr(base, slot))})
+
     def core(self, c: Clause) -> Clause:
         return replace(c, stage=None, subj_adj=None, obj_adj=None, prep=None)
 
@@ -157,9 +163,7 @@ def _mrpc(w: _World, n: int, topics) -> list[tuple]:
         if w.rng.random() < 0.68:
             b, label = w.restyle(a, t), 1
         else:
-            b = w.restyle(a, t)
-            b = replace(b, verb=w.verb(t, avoid=a.verb)) if w.rng.random() < 0.5 else replace(
-                b, obj=w.noun(t, avoid=a.obj))
+            b = w.other_verb_or(w.restyle(a, t), t, "obj", base=a)
             label = 0
         rows.append((str(label), str(100000 + 2 * i), str(100001 + 2 * i), a.render(), b.render()))
     return rows
@@ -181,8 +185,7 @@ def _qqp(w: _World, n: int, topics) -> list[tuple]:
         if w.rng.random() < 0.37:
             b, label = replace(a, subj_adj=w.adj(t)), 1
         else:
-            b = replace(a, verb=w.verb(t, avoid=a.verb)) if w.rng.random() < 0.5 else replace(
-                a, subj=w.noun(t, avoid=a.subj))
+            b = w.other_verb_or(a, t, "subj", base=a)
             label = 0
         rows.append((str(i), str(2 * i), str(2 * i + 1), _question(a, w.rng.randrange(2)),
                      _question(b, w.rng.randrange(2)), str(label)))
@@ -249,8 +252,7 @@ def _qnli(w: _World, n: int, topics) -> list[tuple]:
             label = "entailment"
         else:
             label = "not_entailment"
-            q = replace(q, verb=w.verb(t, avoid=c.verb)) if w.rng.random() < 0.5 else replace(
-                q, subj=w.noun(t, avoid=c.subj))
+            q = w.other_verb_or(q, t, "subj", base=c)
         rows.append((str(i), _question(q, 0), c.render(), label))
     return rows
 
