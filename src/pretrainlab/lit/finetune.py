@@ -100,12 +100,8 @@ class FinetuneModule(L.LightningModule):
 
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
-        )
+        opt = torch.optim.AdamW(self.optim.param_groups(self), lr=self.optim.lr, betas=self.optim.betas,
+                                eps=self.optim.eps)
         warmup = self.optim.warmup_steps(self.total_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_lambda(s, warmup, self.total_steps, self.optim.min_lr_ratio))

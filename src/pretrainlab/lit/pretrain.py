@@ -50,6 +50,12 @@ class OptimConfig:
         if self.warmup < 0:
             raise ValueError(f"optim.warmup must be >= 0, got {self.warmup}.")
 
+    def param_groups(self, module: torch.nn.Module) -> list[dict]:
+        """AdamW groups: weight decay on matrices, none on biases and LayerNorm weights."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
     def warmup_steps(self, max_steps: int) -> int:
         return int(round(self.warmup * max_steps)) if self.warmup < 1 else int(self.warmup)
 
@@ -212,12 +218,7 @@ class PretrainModule(L.LightningModule):
 
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):
-        decay, no_decay = [], []
-        for p in self.parameters():
-            if p.requires_grad:
-                (decay if p.ndim >= 2 else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.optim.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = self.optim.param_groups(self)
         kwargs = {}
         # Lightning's mixed-precision plugin cannot clip the gradients of a fused AdamW (it
         # unscales internally), so mixed precision with clipping uses the foreach implementation.
