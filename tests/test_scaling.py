@@ -1,5 +1,5 @@
 """Scaling up without changing results: global batch vs devices and accumulation, data sharding,
-exact resume (in process, SIGKILL, SIGTERM, 2-process DDP), determinism, non-finite losses,
+exact resume (in process after a crash and SIGTERM; SIGTERM and SIGKILL with 2-process DDP), determinism, non-finite losses,
 atomic checkpoints, bf16 on CPU, and the multirun + ddp refusal."""
 
 import csv
@@ -170,10 +170,45 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-# single-process SIGKILL is the in-process crash test above; here: preemption, and a killed DDP run
-@pytest.mark.parametrize("sig, devices", [(signal.SIGTERM, 1), (signal.SIGKILL, 2)])
-def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, devices):
-    ddp = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={devices}"] if devices > 1 else []
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, accumulate):
+    """The signal arrives during the step that closes epoch 0 (21 steps per epoch here), and, with
+    accumulation, during the step's first micro-batch: the run finishes that step, saves it and exits
+    143, and the resumed run repeats the uninterrupted losses from there on."""
+    from pretrainlab.lit.pretrain import PretrainModule
+
+    overrides = [*RESUME, "max_steps=26", f"device_batch_size={16 // accumulate}"]
+    run(compose_train(*overrides), tmp_path / "full")
+    reference = losses(tmp_path / "full")
+    original = PretrainModule.training_step
+    sent = []
+
+    def signal_during_step(self, batch, batch_idx, at=(21, 24)):
+        if self.global_step + 1 in at and self.global_step not in sent:  # first micro-batch of the step
+            sent.append(self.global_step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(PretrainModule, "training_step", signal_during_step)
+    for step in (21, 24):
+        with pytest.raises(SystemExit) as stopped:
+            run(compose_train(*overrides, *(["ckpt_path=last"] if step > 21 else [])), tmp_path / "killed")
+        assert stopped.value.code == 143
+        saved = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=False)
+        assert saved["global_step"] == step  # the step in progress was finished, then saved
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # the handler is restored after the run
+    run(compose_train(*overrides, "ckpt_path=last"), tmp_path / "killed")
+    resumed = losses(tmp_path / "killed")
+    assert sorted(reference) == list(range(26))
+    for s in range(21, 26):
+        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+
+
+# the real signals, to a 2-process DDP run (single-process SIGKILL is the in-process crash test above)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig):
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
     steps = ["max_steps=40"]
     ref = _start(tmp_path / "full", *ddp, *steps)
     assert ref.wait() == 0, ref.stderr.read()[-3000:]
@@ -182,9 +217,8 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, devices
     proc = _start(tmp_path / "killed", *ddp, *steps)
     _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
     proc.send_signal(sig)
-    code = proc.wait()
-    if devices > 1:  # the other rank loses its peer and exits too
-        time.sleep(1)
+    code = proc.wait(timeout=300)
+    time.sleep(1)  # the other rank exits too (stopped with rank 0, or lost its peer)
     last = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     if sig == signal.SIGTERM:
         assert code == 143  # preempted: saved, then exited

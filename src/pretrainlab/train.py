@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -177,10 +179,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
 
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     logger = build_logger(cfg, run_dir, hydra_choices() if choices is None else choices)
-    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
+    checkpoint = StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)
-    callbacks: list = [checkpoint, SaveOnPreemption(run_dir / "checkpoints" / "last.ckpt")]
+    preemption = SaveOnPreemption(run_dir / "checkpoints" / "last.ckpt")
+    callbacks: list = [checkpoint, preemption]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate))
     trainer: L.Trainer = instantiate(
@@ -193,6 +196,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     try:
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
+            if preemption.stopped:
+                raise SIGTERMException
         except SIGTERMException:
             log.warning("SIGTERM at step %d: checkpoint saved to %s; resume with ckpt_path=last in this run "
                         "directory (or ckpt_path=%s)", trainer.global_step, run_dir / "checkpoints" / "last.ckpt",
@@ -269,16 +274,55 @@ def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> t
     return micro, per_device // micro
 
 
+class StepCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` without its end-of-training ``last.ckpt``: ``run`` writes the final state
+    itself, and skips it when a preemption stopped the run, whose checkpoint is the one to resume from."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass
+
+
 class SaveOnPreemption(Callback):
-    """On SIGTERM (preemption, ``scancel``, ``kill``), Lightning stops at the next batch boundary;
-    this saves ``last.ckpt`` there (atomically) before the process exits."""
+    """On SIGTERM (preemption, ``scancel``, ``kill``): finish the optimizer step in progress, save
+    ``last.ckpt`` (atomically) and stop training (``stopped`` is then true; ``train.py`` exits 143).
+
+    During training this replaces Lightning's SIGTERM handler by one that only records the signal;
+    the decision is taken at the end of each optimizer step (under DDP all ranks agree on it with one
+    all-reduce), so every rank saves and stops at the same step. The checkpoint is written from
+    ``on_train_batch_end``, the point Lightning's own step checkpoints are written from, so the
+    resumed run repeats the uninterrupted one exactly, also when that step closed an epoch or the
+    signal came in the middle of a gradient accumulation. (Lightning's handler stops right after the
+    micro-batch in which the signal arrived, mid-step under accumulation, after the epoch has been
+    closed at an epoch end, and under DDP runs a collective inside the signal handler, which can
+    deadlock the ranks.)"""
 
     def __init__(self, path: Path):
         self.path = path
+        self._requested = False
+        self._step_at_start = -1
+        self.stopped = False
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException) and trainer.global_step > 0:
+    def _request(self, signum: int, frame: Any) -> None:
+        self._requested = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._requested = trainer.received_sigterm  # a signal before training started
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._request)  # Lightning restores its handlers at teardown
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_at_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self._step_at_start:
+            return  # inside a gradient accumulation: the step is not finished
+        stop = self._requested
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
             trainer.save_checkpoint(self.path)
+            self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
 
 def _world_size(cfg: DictConfig) -> int:
