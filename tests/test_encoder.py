@@ -68,3 +68,58 @@ def test_segment_ids_matter_and_long_inputs_are_refused():
     assert not torch.allclose(out0, out1)
     with pytest.raises(ConfigError, match="exceeds model.max_position_embeddings=16"):
         enc(torch.randint(5, 50, (1, 17)))
+
+
+# --- the CPU dropout -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_cpu_dropout_drops_at_the_rate_and_keeps_the_expectation(p):
+    from pretrainlab.model.dropout import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(1 << 22, requires_grad=True)  # 4M elements: a rate's standard error is < 0.00025
+    y = dropout(x, p)
+    dropped = y == 0
+    expected = round(p * 2**16) / 2**16
+    assert abs(dropped.float().mean().item() - expected) < 0.0015
+    # each 16-bit slice of the 64-bit draws is uniform (a biased sign bit would show in one lane)
+    lanes = dropped.view(-1, 4).float().mean(0)
+    assert (lanes - expected).abs().max().item() < 0.003, lanes
+    assert abs(y.mean().item() - 1.0) < 0.003  # kept values are scaled by 1 / keep probability
+    assert torch.allclose(y[~dropped], torch.full_like(y[~dropped], 1 / (1 - expected)))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # the gradient goes through the kept elements only
+
+
+def test_cpu_dropout_is_seeded_fresh_per_call_and_off_in_eval():
+    from pretrainlab.model.dropout import Dropout
+
+    x = torch.ones(4, 1000)
+    layer = Dropout(0.3)
+    torch.manual_seed(1)
+    a, b = layer(x), layer(x)
+    torch.manual_seed(1)
+    assert torch.equal(layer(x), a) and not torch.equal(a, b)
+    assert torch.equal(layer.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        Dropout(1.0)
+
+
+def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
+    """In training on CPU attention is computed by hand (to use the cheap dropout); with that dropout
+    made the identity it must equal scaled_dot_product_attention, padding mask included."""
+    import pretrainlab.model.encoder as encoder_module
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
+                        attention_dropout=0.2)
+    enc = Encoder(cfg)
+    ids = torch.randint(5, 50, (3, 9))
+    mask = torch.ones(3, 9)
+    mask[1, 6:] = 0
+    reference = enc.eval()(ids, attention_mask=mask).hidden_states  # SDPA, no dropout
+    monkeypatch.setattr(encoder_module, "dropout", lambda x, p, training=True: x)
+    by_hand = enc.train()(ids, attention_mask=mask).hidden_states
+    torch.testing.assert_close(by_hand, reference, atol=1e-5, rtol=1e-5)
+    monkeypatch.undo()
+    assert not torch.allclose(enc.train()(ids, attention_mask=mask).hidden_states, reference, atol=1e-3)

@@ -6,6 +6,7 @@ be blamed on the objective and nothing else. It reads top to bottom:
     EncoderConfig  validated shapes (BERT, pre-LN, ALBERT factorisation + sharing, ELECTRA sizes)
     Embeddings     token + learned position + segment embeddings -> LayerNorm -> dropout
     SelfAttention  fused QKV projection, F.scaled_dot_product_attention with a padding mask
+                   (on CPU in training, the same math with pretrainlab's cheap CPU dropout)
     Layer          attention + GELU feed-forward, each with a residual and LayerNorm (post or pre)
     Encoder        embeddings -> (projection) -> layers -> (final LN) -> hidden states, pooled [CLS]
 
@@ -20,6 +21,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pretrainlab.model.dropout import Dropout, dropout
 
 
 class ConfigError(ValueError):
@@ -108,7 +111,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.embedding_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.embedding_size)
         self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
@@ -131,9 +134,16 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         b, t, h = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.attention_dropout if self.training else 0.0
-        )
+        p = self.attention_dropout if self.training else 0.0
+        if p > 0.0 and x.device.type == "cpu":
+            # SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention
+            # weight; the same math with the cheap CPU dropout
+            scores = (q * (q.shape[-1] ** -0.5)) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            y = dropout(scores.softmax(-1), p) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(b, t, h))
 
 
@@ -146,7 +156,7 @@ class Layer(nn.Module):
         self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
