@@ -179,3 +179,22 @@ def test_streamed_corpus_trains_end_to_end(tmp_path):
     cache = Path(os.environ["PRETRAINLAB_CACHE"])
     assert (cache / "tokenizers").is_dir()  # the tokenizer was trained on the stream and cached
     assert not (cache / "tokenized").exists()  # the corpus itself is never materialised
+
+
+def test_parallel_sentence_splitting_leaves_the_tokenizers_parallel(tmp_path, monkeypatch):
+    """datasets' map(num_proc=...) turns TOKENIZERS_PARALLELISM off for its workers and leaves it off
+    in this process; the Rust tokenizers (which read the C environment) would then run on one core."""
+    import subprocess
+
+    import datasets
+
+    from pretrainlab.data.corpus import _sentences_dataset
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    ds = datasets.Dataset.from_dict({"text": [f"Document {i} starts. It ends." for i in range(8)]})
+    cache = str(tmp_path / "sentences.arrow")
+    for attempt in ("computed", "cached"):
+        out = _sentences_dataset(ds, "text", False, 2, cache)
+        assert len(out) == 8 and "TOKENIZERS_PARALLELISM" not in os.environ, attempt
+        seen = subprocess.run(["sh", "-c", "echo ${TOKENIZERS_PARALLELISM-unset}"], capture_output=True, text=True)
+        assert seen.stdout.strip() == "unset", attempt  # a child inherits the C environment

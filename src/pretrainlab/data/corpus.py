@@ -84,11 +84,22 @@ def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: 
         )
     # worker processes pay off only with a few documents for each
     parallel = num_proc if num_proc and num_proc > 1 and len(ds) >= 2 * num_proc else None
-    return ds.map(
-        _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names, num_proc=parallel,
-        fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg},
-        cache_file_name=cache_file, desc="splitting sentences",
-    )
+    # map(num_proc=...) sets TOKENIZERS_PARALLELISM=false for its workers and leaves it set in this
+    # process (when its result is cached; otherwise it rebinds os.environ to a copy, which does not
+    # reach the C environment the Rust tokenizers read): they would train and encode on one core
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    try:
+        return ds.map(
+            _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names, num_proc=parallel,
+            fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg},
+            cache_file_name=cache_file, desc="splitting sentences",
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            os.unsetenv("TOKENIZERS_PARALLELISM")  # also when the rebound copy lacks the key
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
 # --- corpora -----------------------------------------------------------------------------------

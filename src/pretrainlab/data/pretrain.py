@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -168,26 +167,6 @@ def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextmanager
-def _tokenizers_parallelism():
-    """Let the Rust tokenizers use every core while we train or encode in this process.
-
-    ``datasets.Dataset.map(num_proc=...)`` (sentence splitting) sets ``TOKENIZERS_PARALLELISM=false``
-    for its forked workers and, when its result is cached, leaves it set; the tokenizer then trains
-    and encodes on one core. So the documents are loaded first, then parallelism is switched on for
-    the Rust work. The tokenizers library still protects processes forked later (it turns
-    parallelism off in a child forked after use)."""
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
-
-
 def _tokenize_batch(batch: dict, tokenizer: Tokenizer) -> dict:
     flat = [s for doc in batch["sentences"] for s in doc]
     encoded = tokenizer.encode_batch(flat, add_special_tokens=False) if flat else []
@@ -246,10 +225,7 @@ class PretrainData:
             spec = self.tokenizer_spec
             cached = spec.kind != "pretrained" and spec.cache_path(self.corpus_key, self.cache_dir).is_file()
             t = time.perf_counter()
-            if not cached and spec.kind != "pretrained" and not self.corpus.streaming:
-                self.documents  # noqa: B018 -- loaded (and sentence-split in parallel) before training
-            with _tokenizers_parallelism():
-                self._tokenizer = spec.get(self.sentences(), self.corpus_key, self.cache_dir)
+            self._tokenizer = spec.get(self.sentences(), self.corpus_key, self.cache_dir)
             how = "loaded from cache" if cached else ("loaded" if spec.kind == "pretrained" else "trained")
             log.info("tokenizer: %s %s, vocabulary %d (%.1fs)", spec.kind, how,
                      self._tokenizer.get_vocab_size(), time.perf_counter() - t)
@@ -274,13 +250,11 @@ class PretrainData:
                     t = time.perf_counter()
                     features = datasets.Features({"ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))})
                     tmp = path.with_name(f".tmp-{os.getpid()}-data.arrow")
-                    documents, tokenizer = self.documents, self.tokenizer  # before enabling parallelism
-                    with _tokenizers_parallelism():
-                        documents.map(
-                                _tokenize_batch, batched=True, batch_size=512, remove_columns=["sentences"],
-                            features=features, fn_kwargs={"tokenizer": tokenizer},
-                            cache_file_name=str(tmp), new_fingerprint=self.tokenized_key, desc="tokenizing",
-                        )
+                    self.documents.map(
+                        _tokenize_batch, batched=True, batch_size=512, remove_columns=["sentences"],
+                        features=features, fn_kwargs={"tokenizer": self.tokenizer},
+                        cache_file_name=str(tmp), new_fingerprint=self.tokenized_key, desc="tokenizing",
+                    )
                     os.replace(tmp, path)
                     log.info("tokenized corpus: %s (%.1fs)", path.parent, time.perf_counter() - t)
                 ds = datasets.Dataset.from_file(str(path))
