@@ -261,6 +261,13 @@ def _heads_from_checkpoint(ckpt: Path, cfg: EncoderConfig, arch: str) -> dict[st
 
 
 # --- import -------------------------------------------------------------------------------------------
+def model_name(d: Path) -> str:
+    """A checkpoint directory's model name: the last part of config.json's ``_name_or_path``, or
+    the directory's name."""
+    config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+    return str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
+
+
 def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens, dict]:
     """(encoder, tokenizer, special tokens, provenance) from a transformers checkpoint directory."""
     from pretrainlab.data.tokenizer import special_tokens
@@ -270,7 +277,6 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
         raise FileNotFoundError(f"hf:{path}: no config.json; expected a transformers model directory.")
     hf_cfg = json.loads((d / "config.json").read_text())
     cfg, arch = encoder_config_from_hf(hf_cfg)
-    name = str(hf_cfg.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
     if (d / "model.safetensors").is_file():
         hf = load_file(str(d / "model.safetensors"))
     elif (d / "pytorch_model.bin").is_file():
@@ -288,4 +294,4 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     if tokens.vocab_size > cfg.vocab_size:
         raise HFFormatError(f"the tokenizer has {tokens.vocab_size} tokens, the model {cfg.vocab_size}.")
     return encoder, tokenizer, tokens, {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf",
-                                        "name": name}
+                                        "name": model_name(d)}

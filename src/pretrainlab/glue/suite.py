@@ -37,9 +37,9 @@ def default_output_dir(pretrained: str, init: str) -> Path:
     outside a run, ``<export dir>/glue``; for ``hf:<dir>``, ``runs/glue/hf-<name>``."""
     suffix = "glue-scratch" if init == "scratch" else "glue"
     if str(pretrained).startswith("hf:"):
-        d = Path(str(pretrained)[3:]).expanduser()
-        config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-        name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
+        from pretrainlab.hf import model_name
+
+        name = model_name(Path(str(pretrained)[3:]).expanduser())
         return Path("runs") / "glue" / f"hf-{name}{'-scratch' if init == 'scratch' else ''}"
     export = resolve_export_dir(pretrained)
     run = export.parent if export.name == "encoder" else export
