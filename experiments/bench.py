@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -233,8 +234,6 @@ def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, wo
     from pretrainlab.data.corpus import TextFiles
     from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
     from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
-
-    import logging
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("    %(message)s"))

@@ -196,11 +196,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     try:
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
-            if preemption.stopped:
-                raise SIGTERMException
-        except SIGTERMException:
-            log.warning("SIGTERM at step %d: checkpoint saved to %s; resume with ckpt_path=last in this run "
-                        "directory (or ckpt_path=%s)", trainer.global_step, run_dir / "checkpoints" / "last.ckpt",
+            preempted = preemption.stopped
+        except SIGTERMException:  # a signal before training started, while Lightning's handler was in place
+            preempted = True
+        if preempted:
+            log.warning("SIGTERM at step %d: %s; resume with ckpt_path=last in this run directory (or "
+                        "ckpt_path=%s)", trainer.global_step,
+                        f"checkpoint saved to {preemption.path}" if preemption.stopped else "stopped before training",
                         run_dir)
             raise SystemExit(143) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:

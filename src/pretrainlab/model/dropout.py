@@ -13,6 +13,8 @@ On other devices ``torch.nn.functional.dropout`` (a fused kernel) is used.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,10 +22,13 @@ from torch import nn
 _LEVELS = 1 << 16
 
 
+def _check(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+
+
 def _keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     dropped = round(p * _LEVELS)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
     keep = bits.view(torch.int16)[:n].view(shape) >= dropped - (1 << 15)
@@ -46,8 +51,7 @@ class _MaskedScale(torch.autograd.Function):
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    _check(p)
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
     keep, scale = _keep_mask(x.shape, p)
@@ -59,8 +63,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.1):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        _check(p)
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
