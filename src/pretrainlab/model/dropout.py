@@ -27,25 +27,36 @@ def _check(p: float) -> None:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
 
 
-def _keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
+def _keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """(mask, scale): mask * scale is 0 where dropped and 1 / keep-probability where kept.
+
+    In float32 the scale is folded into the mask (one multiply per use); a bf16/fp16 mask holds
+    0/1 and the exact scale is applied separately, as the scale itself is not representable there.
+    """
     n = math.prod(shape)
     dropped = round(p * _LEVELS)
+    scale = _LEVELS / (_LEVELS - dropped)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
-    keep = bits.view(torch.int16)[:n].view(shape) >= dropped - (1 << 15)
-    return keep, _LEVELS / (_LEVELS - dropped)
+    # compared straight into a float tensor: a bool mask would cost a slow bool -> float pass per use
+    mask = torch.ge(bits.view(torch.int16)[:n], dropped - (1 << 15), out=torch.empty(n, dtype=dtype)).view(shape)
+    if dtype == torch.float32:
+        return mask.mul_(scale), 1.0
+    return mask, scale
 
 
 class _MaskedScale(torch.autograd.Function):
+    """x * mask * scale, saving only the mask (the gradient is the same product)."""
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(keep)
+    def forward(ctx, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(mask)
         ctx.scale = scale
-        return x * keep * scale
+        return x * mask if scale == 1.0 else x * mask * scale
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None, None
+        (mask,) = ctx.saved_tensors
+        return (grad * mask if ctx.scale == 1.0 else grad * mask * ctx.scale), None, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -54,8 +65,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     _check(p)
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    keep, scale = _keep_mask(x.shape, p)
-    return _MaskedScale.apply(x, keep, scale)
+    return _MaskedScale.apply(x, *_keep_mask(x.shape, p, x.dtype))
 
 
 class Dropout(nn.Module):
