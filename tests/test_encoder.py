@@ -29,8 +29,8 @@ def test_config_rejects_impossible_shapes_with_a_readable_message():
 
 
 def tiny(**kw):
-    return EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
-                         attention_dropout=0.0, **kw)
+    return EncoderConfig(**{"vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 4,
+                            "hidden_dropout": 0.0, "attention_dropout": 0.0, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True}])
@@ -46,6 +46,39 @@ def test_padding_does_not_change_real_tokens(kw):
     # without the mask the padding leaks into the real tokens
     c = enc(padded).hidden_states[:, :7]
     assert not torch.allclose(a, c, atol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True},
+                                {"add_pooler": False}])
+@pytest.mark.parametrize("train", [False, True])
+def test_rows_give_the_full_forwards_rows_and_pooled_vector(kw, train):
+    """``rows=`` computes the last layer only where a masked LM scores: same values, same gradients."""
+    torch.manual_seed(0)
+    enc = Encoder(tiny(num_layers=3, **kw)).train(train)  # tiny has no dropout: train mode is deterministic
+    ids = torch.randint(5, 50, (3, 9))
+    mask = torch.ones(3, 9)
+    mask[1, 6:] = 0
+    rows = torch.tensor([4, 0, 10, 11, 25])  # any order, across sequences, [CLS] included
+    full = enc(ids, attention_mask=mask)
+    part = enc(ids, attention_mask=mask, rows=rows)
+    torch.testing.assert_close(part.hidden_states, full.hidden_states.reshape(-1, 32)[rows], atol=1e-5, rtol=1e-5)
+    if full.pooled is None:
+        assert part.pooled is None
+    else:
+        torch.testing.assert_close(part.pooled, full.pooled, atol=1e-5, rtol=1e-5)
+    if train:
+        g_full = torch.autograd.grad(full.hidden_states.reshape(-1, 32)[rows].square().sum(), enc.layers[0].ffn_in.weight)
+        g_part = torch.autograd.grad(part.hidden_states.square().sum(), enc.layers[0].ffn_in.weight)
+        torch.testing.assert_close(g_part[0], g_full[0], atol=1e-5, rtol=1e-4)
+
+
+def test_flops_count_the_last_layer_at_the_rows_only():
+    enc = Encoder(tiny(num_layers=4, add_pooler=False))
+    full, part = enc.flops_per_token(128), enc.flops_per_token(128, 0.15)
+    h, i = 32, 4 * 32
+    assert full - part == pytest.approx(3 * 2 * (h * h + 2 * h * i) * 0.85)  # output + FFN at 85% fewer rows
+    with_pooler = Encoder(tiny(num_layers=4))
+    assert with_pooler.flops_per_token(128, 0.15) > part  # plus the [CLS] rows
 
 
 def test_architecture_options():

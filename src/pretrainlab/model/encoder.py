@@ -8,7 +8,8 @@ be blamed on the objective and nothing else. It reads top to bottom:
     SelfAttention  fused QKV projection, F.scaled_dot_product_attention with a padding mask
                    (on CPU in training, the same math with pretrainlab's cheap CPU dropout)
     Layer          attention + GELU feed-forward, each with a residual and LayerNorm (post or pre)
-    Encoder        embeddings -> (projection) -> layers -> (final LN) -> hidden states, pooled [CLS]
+    Encoder        embeddings -> (projection) -> layers -> (final LN) -> hidden states, pooled [CLS];
+                   with ``rows=``, the last layer computes only the rows a masked LM scores
 
 There is no loss and no ``labels=`` argument here: heads and losses belong to the objectives.
 """
@@ -131,20 +132,28 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq, hidden) -> the same; with ``rows`` (flat indices into batch x seq), only those
+        rows are projected out: (len(rows), hidden)."""
         b, t, h = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)
+        d = h // self.num_heads
         p = self.attention_dropout if self.training else 0.0
         if p > 0.0 and x.device.type == "cpu":
             # SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention
-            # weight; the same math with the cheap CPU dropout
-            scores = (q * (q.shape[-1] ** -0.5)) @ k.transpose(-2, -1)
-            if attn_mask is not None:
-                scores = scores.masked_fill(~attn_mask, float("-inf"))
-            y = dropout(scores.softmax(-1), p) @ v
+            # weight; the same math with the cheap CPU dropout, on contiguous (batch x heads) blocks
+            q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d).permute(2, 0, 3, 1, 4).reshape(3, -1, t, d)
+            if attn_mask is None:
+                scores = torch.bmm(q, k.transpose(1, 2)).mul_(d**-0.5)
+            else:  # -inf on padded keys, added by the same kernel
+                bias = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
+                bias = bias.expand(b, self.num_heads, 1, t).reshape(-1, 1, t)
+                scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=d**-0.5)
+            y = torch.bmm(dropout(scores.softmax(-1), p), v).view(b, self.num_heads, t, d)
         else:
+            q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d).permute(2, 0, 3, 1, 4)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
-        return self.out(y.transpose(1, 2).reshape(b, t, h))
+        y = y.transpose(1, 2).reshape(b * t, h)
+        return self.out(y if rows is None else y.index_select(0, rows))
 
 
 class Layer(nn.Module):
@@ -161,12 +170,22 @@ class Layer(nn.Module):
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) every position
+        is still attended to, but the output and the feed-forward are computed for those rows only:
+        (len(rows), hidden)."""
+        b, t, h = x.shape
         if self.pre_ln:
-            x = x + self.dropout(self.attention(self.attention_norm(x), attn_mask))
-            return x + self.dropout(self.ffn(self.ffn_norm(x)))
-        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
-        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+            y = self.attention(self.attention_norm(x), attn_mask, rows)
+            x = x.reshape(b * t, h) if rows is None else x.reshape(b * t, h).index_select(0, rows)
+            x = x + self.dropout(y)
+            x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+        else:
+            y = self.attention(x, attn_mask, rows)
+            x = x.reshape(b * t, h) if rows is None else x.reshape(b * t, h).index_select(0, rows)
+            x = self.attention_norm(x + self.dropout(y))
+            x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        return x.view(b, t, h) if rows is None else x
 
 
 class Encoder(nn.Module):
@@ -206,36 +225,58 @@ class Encoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         embeddings: Embeddings | None = None,
+        rows: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
-        ``embeddings``: another encoder's embeddings, for an encoder built without its own."""
-        if input_ids.shape[1] > self.config.max_position_embeddings:
+        ``embeddings``: another encoder's embeddings, for an encoder built without its own.
+        ``rows``: flat indices into batch x seq of the only positions whose output is wanted (the
+        masked positions of a masked LM). The last layer then computes its output and feed-forward
+        for those rows only, and ``hidden_states`` is (len(rows), hidden), in the order given; the
+        pooled [CLS] vector is unaffected. Every layer still attends over all positions, so the rows
+        are exactly what the full forward would give (up to dropout draws)."""
+        b, t = input_ids.shape
+        if t > self.config.max_position_embeddings:
             raise ConfigError(
-                f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
+                f"sequence length {t} exceeds model.max_position_embeddings="
                 f"{self.config.max_position_embeddings}; shorten the inputs or use a model with more positions."
             )
         x = (embeddings if embeddings is not None else self.embeddings)(input_ids, token_type_ids)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
-        # (batch, 1, 1, keys): every query may look at every real key, never at padding.
+        # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real
+        # batch needs no mask; on CPU checking costs nothing and saves a pass per layer.
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        for i in range(self.config.num_layers):
-            x = self.layers[0 if self.config.share_layers else i](x, attn_mask)
+        if attn_mask is not None and attn_mask.device.type == "cpu" and bool(attn_mask.all()):
+            attn_mask = None
+        if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
+            rows = torch.cat([torch.arange(0, b * t, t, device=rows.device), rows])
+        n = self.config.num_layers
+        for i in range(n):
+            x = self.layers[0 if self.config.share_layers else i](x, attn_mask, rows if i == n - 1 else None)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
-        return EncoderOutput(x, pooled)
+        if rows is None:
+            pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+            return EncoderOutput(x, pooled)
+        if self.pooler is None:
+            return EncoderOutput(x, None)
+        return EncoderOutput(x[b:], torch.tanh(self.pooler(x[:b])))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Forward + backward FLOPs per token (6 x matmul params + attention scores), Kaplan-style."""
+    def flops_per_token(self, seq_len: int, rows_fraction: float = 1.0) -> float:
+        """Forward + backward FLOPs per token (6 x matmul params + attention scores), Kaplan-style.
+        ``rows_fraction``: the fraction of positions the last layer computes its output for (see
+        ``forward(rows=...)``); its QKV projection and attention still cover every position."""
         cfg = self.config
-        per_layer = 2 * (4 * cfg.hidden_size**2 + 2 * cfg.hidden_size * cfg.intermediate_size)
+        qkv = 2 * 3 * cfg.hidden_size**2
+        rest = 2 * (cfg.hidden_size**2 + 2 * cfg.hidden_size * cfg.intermediate_size)  # output + FFN
         attention = 2 * 2 * seq_len * cfg.hidden_size  # QK^T and AV
         proj = 2 * cfg.embedding_size * cfg.hidden_size if self.embedding_projection is not None else 0
-        forward = cfg.num_layers * (per_layer + attention) + proj
+        if rows_fraction < 1.0 and self.pooler is not None:
+            rows_fraction = min(1.0, rows_fraction + 1.0 / seq_len)  # the [CLS] rows
+        forward = cfg.num_layers * (qkv + attention) + (cfg.num_layers - 1 + rows_fraction) * rest + proj
         return 3.0 * forward
 
 

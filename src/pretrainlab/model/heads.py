@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrainlab.model.vocab_loss import linear_cross_entropy
+
 
 class MaskedLMHead(nn.Module):
     """Transform (dense, GELU, LayerNorm) then a decoder tied to the input word embeddings.
@@ -14,7 +16,8 @@ class MaskedLMHead(nn.Module):
     is what BERT, ALBERT and ELECTRA do. The transform maps hidden -> embedding size, so factorised
     embeddings (ALBERT) tie just as well. Only the rows given are scored: callers pass the hidden
     states of the masked positions (sparse prediction), ~15% of the tokens instead of all of them,
-    which removes most of the vocabulary-sized matmul and log-softmax.
+    which removes most of the vocabulary-sized matmul and log-softmax. ``loss`` goes further and
+    never holds the (rows x vocab) logits at once (see ``pretrainlab.model.vocab_loss``).
     """
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, layer_norm_eps: float = 1e-12):
@@ -25,10 +28,19 @@ class MaskedLMHead(nn.Module):
         nn.init.normal_(self.dense.weight, std=0.02)
         nn.init.zeros_(self.dense.bias)
 
+    def transform(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(hidden)))
+
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """hidden: (n, hidden_size) rows to score; returns (n, vocab) logits."""
-        h = self.norm(F.gelu(self.dense(hidden)))
-        return F.linear(h, word_embeddings, self.bias)
+        return F.linear(self.transform(hidden), word_embeddings, self.bias)
+
+    def loss(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, labels: torch.Tensor,
+             temperature: float | None = None, generator: torch.Generator | None = None):
+        """Mean cross-entropy of the rows' logits against ``labels`` and the accuracy of their argmax,
+        computed a slice of the vocabulary at a time; with ``temperature``, also one sample per row
+        from softmax(logits / temperature). Same values and gradients as ``forward`` + cross-entropy."""
+        return linear_cross_entropy(self.transform(hidden), word_embeddings, self.bias, labels, temperature, generator)
 
 
 class PairHead(nn.Module):
@@ -58,7 +70,3 @@ class TokenHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.out(F.gelu(self.dense(hidden))).squeeze(-1)
 
-
-def gather_rows(hidden_states: torch.Tensor, flat_positions: torch.Tensor) -> torch.Tensor:
-    """Rows of (batch, seq, hidden) at flat indices into batch * seq: the masked positions."""
-    return hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, flat_positions)

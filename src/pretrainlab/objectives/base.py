@@ -23,11 +23,10 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.model.heads import MaskedLMHead, gather_rows
+from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
 from pretrainlab.objectives.pairs import Example, ExampleBuilder
 from pretrainlab.tokens import SpecialTokens
@@ -142,14 +141,11 @@ class MaskedLMCollator:
 
 
 def masked_lm_loss(
-    head: MaskedLMHead, hidden_states: torch.Tensor, word_embeddings: torch.Tensor, batch: Batch
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, accuracy, logits) of the masked positions only."""
-    logits = head(gather_rows(hidden_states, batch["mlm_positions"]), word_embeddings)
-    labels = batch["mlm_labels"]
-    loss = F.cross_entropy(logits.float(), labels)
-    acc = (logits.detach().argmax(-1) == labels).float().mean()
-    return loss, acc, logits
+    head: MaskedLMHead, masked_hidden: torch.Tensor, word_embeddings: torch.Tensor, batch: Batch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, accuracy) of the masked positions only; ``masked_hidden`` holds their hidden states,
+    in the order of ``batch["mlm_positions"]`` (``encoder(..., rows=mlm_positions)``)."""
+    return head.loss(masked_hidden, word_embeddings, batch["mlm_labels"])
 
 
 def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:

@@ -54,9 +54,9 @@ class BERT(Objective):
         return MaskedLMCollator(self.tokens, self.masking)
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        out = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        out = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], rows=batch["mlm_positions"])
         word_embeddings = encoder.embeddings.word_embeddings.weight
-        mlm_loss, mlm_acc, _ = masked_lm_loss(self.mlm_head, out.hidden_states, word_embeddings, batch)
+        mlm_loss, mlm_acc = masked_lm_loss(self.mlm_head, out.hidden_states, word_embeddings, batch)
         pair_logits = self.pair_head(out.pooled).float()
         pair_loss = F.cross_entropy(pair_logits, batch["labels"])
         pair_acc = (pair_logits.detach().argmax(-1) == batch["labels"]).float().mean()
@@ -68,4 +68,4 @@ class BERT(Objective):
 
     def flops_per_token(self, encoder: Encoder, seq_len: int) -> float:
         # the pooler and pair head run once per sequence: negligible per token
-        return encoder.flops_per_token(seq_len) + mlm_head_flops(self.encoder_config, self.masking.rate)
+        return encoder.flops_per_token(seq_len, self.masking.rate) + mlm_head_flops(self.encoder_config, self.masking.rate)

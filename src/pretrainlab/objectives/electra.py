@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.model.heads import MaskedLMHead, TokenHead, gather_rows
+from pretrainlab.model.heads import MaskedLMHead, TokenHead
 from pretrainlab.objectives.base import Batch, MaskedLMCollator, Objective, ObjectiveOutput, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
 from pretrainlab.objectives.pairs import Example, PackedBlocks
@@ -33,13 +33,6 @@ class ElectraCollator(MaskedLMCollator):
         batch = super().__call__(examples, generator)
         batch["sample_seed"] = torch.randint(0, 2**62, (), generator=generator)
         return batch
-
-
-def gumbel_max_sample(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
-    """One sample per row from softmax(logits / temperature): argmax(logits / T + Gumbel noise)."""
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
-    gumbel = -torch.log(-torch.log(u.clamp_(1e-9, 1.0 - 1e-9)))
-    return (logits.float() / temperature + gumbel).argmax(dim=-1)
 
 
 class ELECTRA(Objective):
@@ -80,16 +73,14 @@ class ELECTRA(Objective):
         positions, originals = batch["mlm_positions"], batch["mlm_labels"]
         word_embeddings = encoder.embeddings.word_embeddings.weight
 
-        # generator: masked LM on the corrupted input, through the shared embeddings
-        gen = self.generator(ids, types, attention, embeddings=encoder.embeddings)
-        gen_logits = self.generator_head(gather_rows(gen.hidden_states, positions), word_embeddings).float()
-        gen_loss = F.cross_entropy(gen_logits, originals)
-
-        # sample replacements; no gradient flows through the sample
+        # generator: masked LM on the corrupted input, through the shared embeddings, and one sample
+        # from it at each masked position (Gumbel-max; no gradient flows through the sample)
+        gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
+        rng = torch.Generator(device=ids.device)
+        rng.manual_seed(int(batch["sample_seed"]))
+        gen_loss, gen_acc, sampled = self.generator_head.loss(gen.hidden_states, word_embeddings, originals,
+                                                              self.temperature, rng)
         with torch.no_grad():
-            rng = torch.Generator(device=gen_logits.device)
-            rng.manual_seed(int(batch["sample_seed"]))
-            sampled = gumbel_max_sample(gen_logits.detach(), self.temperature, rng)
             disc_ids = ids.flatten().index_put((positions,), sampled).view_as(ids)
             replaced = torch.zeros(ids.numel(), dtype=torch.float32, device=ids.device)
             replaced[positions] = (sampled != originals).float()  # a sample equal to the original is "original"
@@ -108,7 +99,7 @@ class ELECTRA(Objective):
             tp = (pred & target).sum().float()
             metrics = {
                 "gen_mlm_loss": gen_loss.detach(),
-                "gen_mlm_acc": (gen_logits.argmax(-1) == originals).float().mean(),
+                "gen_mlm_acc": gen_acc,
                 "rtd_loss": disc_loss.detach(),
                 "rtd_acc": (pred == target).float().mean(),
                 "rtd_precision": tp / pred.sum().clamp(min=1),
@@ -121,8 +112,8 @@ class ELECTRA(Objective):
         # discriminator encoder + its per-token head, generator encoder + its sparse MLM head
         h = self.encoder_config.hidden_size
         disc_head = 3.0 * 2 * (h * h + h)
-        generator = self.generator.flops_per_token(seq_len) + mlm_head_flops(self.generator_config, self.masking.rate)
+        generator = self.generator.flops_per_token(seq_len, self.masking.rate) + mlm_head_flops(self.generator_config, self.masking.rate)
         return encoder.flops_per_token(seq_len) + disc_head + generator
 
 
-__all__ = ["ELECTRA", "ElectraCollator", "gumbel_max_sample"]
+__all__ = ["ELECTRA", "ElectraCollator"]

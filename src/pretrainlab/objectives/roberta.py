@@ -36,10 +36,10 @@ class RoBERTa(Objective):
         return MaskedLMCollator(self.tokens, self.masking)
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        out = encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
+        out = encoder(batch["input_ids"], attention_mask=batch["attention_mask"], rows=batch["mlm_positions"])
         word_embeddings = encoder.embeddings.word_embeddings.weight
-        loss, acc, _ = masked_lm_loss(self.mlm_head, out.hidden_states, word_embeddings, batch)
+        loss, acc = masked_lm_loss(self.mlm_head, out.hidden_states, word_embeddings, batch)
         return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
 
     def flops_per_token(self, encoder: Encoder, seq_len: int) -> float:
-        return encoder.flops_per_token(seq_len) + mlm_head_flops(self.encoder_config, self.masking.rate)
+        return encoder.flops_per_token(seq_len, self.masking.rate) + mlm_head_flops(self.encoder_config, self.masking.rate)
