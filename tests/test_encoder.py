@@ -76,7 +76,9 @@ def test_flops_count_the_last_layer_at_the_rows_only():
     enc = Encoder(tiny(num_layers=4, add_pooler=False))
     full, part = enc.flops_per_token(128), enc.flops_per_token(128, 0.15)
     h, i = 32, 4 * 32
-    assert full - part == pytest.approx(3 * 2 * (h * h + 2 * h * i) * 0.85)  # output + FFN at 85% fewer rows
+    per_query = 2 * (2 * h * h + 2 * h * i) + 2 * 2 * 128 * h  # Q, output, FFN projections; QK^T and AV
+    assert full - part == pytest.approx(3 * per_query * 0.85)  # the last layer at 85% fewer rows
+    assert full == pytest.approx(3 * 4 * (2 * (4 * h * h + 2 * h * i) + 2 * 2 * 128 * h))
     with_pooler = Encoder(tiny(num_layers=4))
     assert with_pooler.flops_per_token(128, 0.15) > part  # plus the [CLS] rows
 
@@ -154,5 +156,8 @@ def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     monkeypatch.setattr(encoder_module, "dropout", lambda x, p, training=True: x)
     by_hand = enc.train()(ids, attention_mask=mask).hidden_states
     torch.testing.assert_close(by_hand, reference, atol=1e-5, rtol=1e-5)
+    rows = torch.tensor([3, 9, 14, 0, 26])  # the last layer at these rows only, queries included
+    torch.testing.assert_close(enc(ids, attention_mask=mask, rows=rows).hidden_states,
+                               reference.reshape(-1, 32)[rows], atol=1e-5, rtol=1e-5)
     monkeypatch.undo()
     assert not torch.allclose(enc.train()(ids, attention_mask=mask).hidden_states, reference, atol=1e-3)

@@ -133,27 +133,43 @@ class SelfAttention(nn.Module):
         self.attention_dropout = cfg.attention_dropout
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, seq, hidden) -> the same; with ``rows`` (flat indices into batch x seq), only those
-        rows are projected out: (len(rows), hidden)."""
+        """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) only those
+        positions query: keys and values still cover every position; returns (len(rows), hidden)."""
         b, t, h = x.shape
-        d = h // self.num_heads
+        nh, d = self.num_heads, h // self.num_heads
+        if rows is None:
+            q, k, v = self.qkv(x).view(b, t, 3, nh, d).permute(2, 0, 3, 1, 4)
+            y = self._attend(q, k, v, attn_mask)
+            return self.out(y.transpose(1, 2).reshape(b * t, h)).view(b, t, h)
+        k, v = F.linear(x, self.qkv.weight[h:], self.qkv.bias[h:]).view(b, t, 2, nh, d).permute(2, 0, 3, 1, 4)
+        q = F.linear(x.reshape(b * t, h).index_select(0, rows), self.qkv.weight[:h], self.qkv.bias[:h])
+        # the query rows laid out per sequence, (batch, slots): slot s of sequence i is its s-th row
+        seq = torch.div(rows, t, rounding_mode="floor")
+        counts = torch.bincount(seq, minlength=b)
+        order = torch.argsort(seq, stable=True)
+        slot = torch.empty_like(rows)
+        slot[order] = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[seq[order]]
+        slots = int(counts.max()) if len(rows) else 0
+        dense = q.new_zeros(b, slots, h).index_put((seq, slot), q)  # empty slots: ignored below
+        y = self._attend(dense.view(b, slots, nh, d).transpose(1, 2), k, v, attn_mask)
+        return self.out(y.transpose(1, 2)[seq, slot].reshape(len(rows), h))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """q (batch, heads, queries, d), k and v (batch, heads, keys, d) -> (batch, heads, queries, d)."""
         p = self.attention_dropout if self.training else 0.0
-        if p > 0.0 and x.device.type == "cpu":
+        if p > 0.0 and q.device.type == "cpu":
             # SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention
             # weight; the same math with the cheap CPU dropout, on contiguous (batch x heads) blocks
-            q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d).permute(2, 0, 3, 1, 4).reshape(3, -1, t, d)
+            b, nh, tq, d = q.shape
+            t = k.shape[2]
+            q3, k3, v3 = q.reshape(b * nh, tq, d), k.reshape(b * nh, t, d), v.reshape(b * nh, t, d)
             if attn_mask is None:
-                scores = torch.bmm(q, k.transpose(1, 2)).mul_(d**-0.5)
+                scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(d**-0.5)
             else:  # -inf on padded keys, added by the same kernel
                 bias = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
-                bias = bias.expand(b, self.num_heads, 1, t).reshape(-1, 1, t)
-                scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=d**-0.5)
-            y = torch.bmm(dropout(scores.softmax(-1), p), v).view(b, self.num_heads, t, d)
-        else:
-            q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
-        y = y.transpose(1, 2).reshape(b * t, h)
-        return self.out(y if rows is None else y.index_select(0, rows))
+                scores = torch.baddbmm(bias.expand(b, nh, 1, t).reshape(-1, 1, t), q3, k3.transpose(1, 2), alpha=d**-0.5)
+            return torch.bmm(dropout(scores.softmax(-1), p), v3).view(b, nh, tq, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
 
 
 class Layer(nn.Module):
@@ -172,20 +188,14 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) every position
-        is still attended to, but the output and the feed-forward are computed for those rows only:
+        is still attended to, but only those rows query, and only they go through the feed-forward:
         (len(rows), hidden)."""
-        b, t, h = x.shape
+        residual = x if rows is None else x.reshape(-1, x.shape[-1]).index_select(0, rows)
         if self.pre_ln:
-            y = self.attention(self.attention_norm(x), attn_mask, rows)
-            x = x.reshape(b * t, h) if rows is None else x.reshape(b * t, h).index_select(0, rows)
-            x = x + self.dropout(y)
-            x = x + self.dropout(self.ffn(self.ffn_norm(x)))
-        else:
-            y = self.attention(x, attn_mask, rows)
-            x = x.reshape(b * t, h) if rows is None else x.reshape(b * t, h).index_select(0, rows)
-            x = self.attention_norm(x + self.dropout(y))
-            x = self.ffn_norm(x + self.dropout(self.ffn(x)))
-        return x.view(b, t, h) if rows is None else x
+            x = residual + self.dropout(self.attention(self.attention_norm(x), attn_mask, rows))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.attention_norm(residual + self.dropout(self.attention(x, attn_mask, rows)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
 
 class Encoder(nn.Module):
@@ -267,16 +277,16 @@ class Encoder(nn.Module):
 
     def flops_per_token(self, seq_len: int, rows_fraction: float = 1.0) -> float:
         """Forward + backward FLOPs per token (6 x matmul params + attention scores), Kaplan-style.
-        ``rows_fraction``: the fraction of positions the last layer computes its output for (see
-        ``forward(rows=...)``); its QKV projection and attention still cover every position."""
+        ``rows_fraction``: the fraction of positions the last layer computes (see ``forward(rows=...)``);
+        its key and value projections still cover every position."""
         cfg = self.config
-        qkv = 2 * 3 * cfg.hidden_size**2
-        rest = 2 * (cfg.hidden_size**2 + 2 * cfg.hidden_size * cfg.intermediate_size)  # output + FFN
-        attention = 2 * 2 * seq_len * cfg.hidden_size  # QK^T and AV
-        proj = 2 * cfg.embedding_size * cfg.hidden_size if self.embedding_projection is not None else 0
+        h = cfg.hidden_size
+        key_value = 2 * 2 * h**2
+        per_query = 2 * (2 * h**2 + 2 * h * cfg.intermediate_size) + 2 * 2 * seq_len * h  # Q, out, FFN; QK^T, AV
+        proj = 2 * cfg.embedding_size * h if self.embedding_projection is not None else 0
         if rows_fraction < 1.0 and self.pooler is not None:
             rows_fraction = min(1.0, rows_fraction + 1.0 / seq_len)  # the [CLS] rows
-        forward = cfg.num_layers * (qkv + attention) + (cfg.num_layers - 1 + rows_fraction) * rest + proj
+        forward = cfg.num_layers * key_value + (cfg.num_layers - 1 + rows_fraction) * per_query + proj
         return 3.0 * forward
 
 

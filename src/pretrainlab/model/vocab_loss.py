@@ -17,9 +17,10 @@ as much as the matmuls themselves.
               (-logit of the label) is added once, by index, for all rows
 
 Each slice is a few MB, so it stays in cache between the matmul and the softmax and its memory is
-reused from step to step. It also returns the accuracy (the label's logit is the largest), and can draw one sample per
-row from softmax(logits / T) by the Gumbel-max trick (ELECTRA's generator) without ever holding
-the full logits. Under autocast the matmuls run in the autocast dtype, the softmax in float32.
+reused from step to step. It also returns the accuracy (the label's logit is the largest), and can
+draw one sample per row from softmax(logits / T) (ELECTRA's generator) by inverse CDF over the
+kept slices: one uniform per row instead of a Gumbel variable per logit. Under autocast the
+matmuls run in the autocast dtype, the softmax in float32.
 """
 
 from __future__ import annotations
@@ -30,6 +31,29 @@ import torch
 def _slice_size(device: torch.device) -> int:
     # CPU: slices that stay in cache and under glibc's reuse threshold; GPU: few kernel launches
     return 2048 if device.type == "cpu" else 16384
+
+
+def _sample(kept, maxes, masses, final_max, temperature, generator, slice_size) -> torch.Tensor:
+    """One draw per row from softmax(logits / T) by inverse CDF, from the kept slices
+    exp(logits - max_j): first the slice (by its mass), then the word within it, one uniform per row."""
+    n, device = final_max.shape[0], final_max.device
+    # slice masses on a common scale: sum exp((logits - final max) / T)
+    weights = torch.stack(masses, 1).double() * torch.exp((torch.stack(maxes, 1).double() - final_max.double()[:, None]) / temperature)
+    cdf = weights.cumsum(1)
+    point = torch.rand(n, generator=generator, dtype=torch.float64, device=device) * cdf[:, -1]
+    chosen = torch.searchsorted(cdf, point[:, None], right=True).squeeze(1).clamp_(max=len(kept) - 1)
+    below = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
+    within = ((point - below) / weights.gather(1, chosen[:, None]).squeeze(1)).clamp_(0.0, 1.0)
+    samples = torch.empty(n, dtype=torch.long, device=device)
+    for j, slice_ in enumerate(kept):
+        rows = (chosen == j).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        p = slice_[rows] if temperature == 1.0 else slice_[rows].pow(1.0 / temperature)
+        c = p.double().cumsum(1)
+        idx = torch.searchsorted(c, (within[rows] * c[:, -1])[:, None], right=True).squeeze(1)
+        samples[rows] = idx.clamp_(max=p.shape[1] - 1) + j * slice_size
+    return samples
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -50,10 +74,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             order = slice_of.argsort()
             counts = torch.bincount(slice_of, minlength=-(-vocab // slice_size)).tolist()
             rows_of = order.split(counts)
-            if temperature is not None:
-                sample_best = torch.full((n,), float("-inf"), **f32)
-                sample_idx = torch.zeros(n, dtype=torch.long, device=hidden.device)
-            kept, maxes = [], []
+            kept, maxes, masses = [], [], []
             for i, start in enumerate(range(0, vocab, slice_size)):
                 stop = min(start + slice_size, vocab)
                 z = (h @ w[start:stop].t()).float()
@@ -61,30 +82,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     z.add_(b[start:stop])
                 rows = rows_of[i]
                 target[rows] = z[rows, labels[rows] - start]
-                if temperature is not None:  # Gumbel-max: argmax(z / T + Gumbel noise) ~ softmax(z / T)
-                    u = torch.rand(z.shape, generator=generator, **f32).clamp_(1e-9, 1.0 - 1e-9)
-                    noisy = u.log_().neg_().log_().neg_().add_(z, alpha=1.0 / temperature)
-                    s_top, s_idx = noisy.max(-1)
-                    s_better = s_top > sample_best
-                    sample_best = torch.where(s_better, s_top, sample_best)
-                    sample_idx = torch.where(s_better, s_idx + start, sample_idx)
                 new_max = torch.maximum(run_max, z.amax(-1))
                 z.sub_(new_max[:, None]).exp_()
-                sum_exp = sum_exp * torch.exp(run_max - new_max) + z.sum(-1)
+                mass = z.sum(-1)
+                sum_exp = sum_exp * torch.exp(run_max - new_max) + mass
                 run_max = new_max
                 kept.append(z)
                 maxes.append(new_max)
+                if temperature is not None:  # the slice's share of softmax(logits / T), up to a row factor
+                    masses.append(mass if temperature == 1.0 else z.pow(1.0 / temperature).sum(-1))
             lse = run_max + sum_exp.log()
             loss = (lse - target).mean()
             accuracy = (target >= run_max).float().mean()  # the label's logit is the largest
+            if temperature is not None:
+                samples = _sample(kept, maxes, masses, run_max, temperature, generator, slice_size)
         ctx.save_for_backward(h, w, labels, lse)
         ctx.kept, ctx.maxes, ctx.slice_size = kept, maxes, slice_size
         ctx.has_bias, ctx.in_dtypes = b is not None, (hidden.dtype, weight.dtype)
         if temperature is None:
             ctx.mark_non_differentiable(accuracy)
             return loss, accuracy
-        ctx.mark_non_differentiable(accuracy, sample_idx)
-        return loss, accuracy, sample_idx
+        ctx.mark_non_differentiable(accuracy, samples)
+        return loss, accuracy, samples
 
     @staticmethod
     def backward(ctx, grad_loss, *_):

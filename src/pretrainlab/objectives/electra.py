@@ -74,7 +74,7 @@ class ELECTRA(Objective):
         word_embeddings = encoder.embeddings.word_embeddings.weight
 
         # generator: masked LM on the corrupted input, through the shared embeddings, and one sample
-        # from it at each masked position (Gumbel-max; no gradient flows through the sample)
+        # from it at each masked position (no gradient flows through the sample)
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
         rng = torch.Generator(device=ids.device)
         rng.manual_seed(int(batch["sample_seed"]))
