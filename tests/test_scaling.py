@@ -327,7 +327,8 @@ def test_token_and_minute_budgets_and_bad_budgets(tmp_path):
     run(compose_train(*RESUME, "budget.tokens=20000"), tmp_path / "tokens")
     ckpt = torch.load(tmp_path / "tokens" / "checkpoints" / "last.ckpt", weights_only=False)
     assert 20000 <= ckpt["state_dict"]["tokens_seen"].item() < 20000 + 16 * 64
-    run(compose_train(*RESUME, "budget.minutes=0.05"), tmp_path / "minutes")
+    # a checkpoint every step: the last one is the step checkpoint, which must count its own step's time
+    run(compose_train(*RESUME, "budget.minutes=0.05", "checkpoint_every=1"), tmp_path / "minutes")
     ckpt = torch.load(tmp_path / "minutes" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["state_dict"]["train_seconds"].item() >= 3.0
     with pytest.raises(ConfigError, match="set one budget"):

@@ -126,6 +126,8 @@ class PretrainModule(L.LightningModule):
         self.register_buffer("train_seconds", torch.zeros((), dtype=torch.float64))
         self._last_consumed = 0.0
         self._step_start: float | None = None
+        self._batch_start: float | None = None
+        self._step_tokens: torch.Tensor | None = None
 
     # --- steps ----------------------------------------------------------------------------------
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
@@ -172,7 +174,22 @@ class PretrainModule(L.LightningModule):
         micro = batch_idx % self.trainer.accumulate_grad_batches
         torch.manual_seed(int(np.random.SeedSequence(
             [self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0]))
-        self._step_start = time.perf_counter()
+        self._batch_start = time.perf_counter()
+        self._step_tokens = None  # set by training_step unless the batch is skipped
+        if self._step_start is None:  # the first micro-batch of this optimizer step (or after a skipped one)
+            self._step_start = self._batch_start
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # The step's training time is counted here, before any on_train_batch_end hook: the step
+        # checkpoint is saved from one, and must hold the time of the step it is saved at.
+        if self._step_start is not None:
+            seconds = torch.tensor(time.perf_counter() - self._step_start, dtype=torch.float64,
+                                   device=self.train_seconds.device)
+            if dist.is_available() and dist.is_initialized():  # the slowest rank's clock, on every rank
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+            self.train_seconds += seconds
+            self._step_start = None
 
     # --- budget ----------------------------------------------------------------------------------
     def on_train_start(self) -> None:
@@ -197,12 +214,6 @@ class PretrainModule(L.LightningModule):
         return per_step / self.budget.total
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self._step_start is not None:
-            elapsed = time.perf_counter() - self._step_start
-            seconds = torch.tensor(elapsed, dtype=torch.float64, device=self.train_seconds.device)
-            if dist.is_available() and dist.is_initialized():  # the slowest rank's clock, on every rank
-                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-            self.train_seconds += seconds
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:  # after an optimizer step
             used = self.consumed()
             self._last_consumed = max(0.0, used - getattr(self, "_consumed_before", 0.0))
@@ -211,10 +222,10 @@ class PretrainModule(L.LightningModule):
             self.log("budget/fraction", used / self.budget.total, batch_size=1)
             if self.budget.kind != "steps" and used >= self.budget.total:
                 self.trainer.should_stop = True
-        if self._step_start is not None:
-            tokens = float(self._step_tokens) if self.global_step % self.trainer.log_every_n_steps == 0 else None
-            if tokens is not None and elapsed > 0:
-                self.log("perf/tokens_per_s", tokens / elapsed, batch_size=batch["input_ids"].shape[0])
+        if self._step_tokens is not None and self.global_step % self.trainer.log_every_n_steps == 0:
+            elapsed = time.perf_counter() - self._batch_start
+            if elapsed > 0:
+                self.log("perf/tokens_per_s", float(self._step_tokens) / elapsed, batch_size=batch["input_ids"].shape[0])
 
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):
