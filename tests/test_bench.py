@@ -15,7 +15,7 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         (corpus / f"book{b}.txt").write_text(" ".join(f"Line {i} of book {b} is about river{i % 7}." for i in range(300)))
     out = subprocess.run(
         [sys.executable, "experiments/bench.py", "--model", "tiny", "--objectives", "roberta,electra",
-         "--precision", "fp32", "--seq-len", "32", "--batch", "4", "--steps", "1", "--warmup", "1",
+         "--precision", "fp32", "--seq-len", "32", "--batch", "4", "--steps", "1", "--warmup", "1", "--rounds", "2",
          "--json", str(tmp_path / "bench.json"), "--data", str(corpus)],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -24,5 +24,6 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
     assert [(r["impl"], r["objective"]) for r in results] == [
         ("ours", "roberta"), ("hf", "roberta"), ("ours", "electra"), ("hf", "electra")]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_mem_mb"] > 0 for r in results)
+    assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] == max(r["rounds"]) for r in results)  # the best round
     assert "| roberta | fp32 |" in out.stdout and "| electra | fp32 |" in out.stdout
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout
