@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         args.precision = "fp32,bf16" if native_bf16 else "fp32"
         if not native_bf16:
             print("bf16 skipped: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 matmuls run in a slow "
-                  "emulation (27x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway")
+                  "emulation (20-30x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway")
     results = []
     objectives = [o for o in args.objectives.split(",") if o]
     for precision in args.precision.split(",") if objectives else []:
