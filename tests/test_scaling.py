@@ -35,6 +35,14 @@ def losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
+def same_loss(a: float, b: float) -> bool:
+    """Equal up to float32 rounding (relative 1e-5, about 40 ulps at a loss of 4). Two processes
+    running the same step on the same weights and batch have been seen, rarely, to differ in the
+    last bit (3.9596331 vs 3.9596326, one ulp), as when BLAS splits a product differently; a
+    difference in data order, masks or dropout draws moves the loss by 1e-3 or more."""
+    return abs(a - b) <= 1e-5 * max(abs(a), abs(b))
+
+
 # --- global batch, devices, accumulation -----------------------------------------------------------
 def test_batch_split_derives_micro_batch_and_accumulation():
     assert batch_split(256, 8, None) == (32, 1)
@@ -126,7 +134,9 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     full = run(compose_train(*overrides), tmp_path / "full")
     again = run(compose_train(*overrides), tmp_path / "again")
     reference = losses(tmp_path / "full")
-    assert len(reference) == 40 and losses(tmp_path / "again") == reference  # determinism: same seed, same losses
+    again_losses = losses(tmp_path / "again")  # determinism: same seed, same losses
+    assert len(reference) == 40 and sorted(again_losses) == sorted(reference)
+    assert all(same_loss(again_losses[s], reference[s]) for s in reference), (again_losses, reference)
     assert full["global_step"] == again["global_step"] == 40
 
     original = PretrainModule.on_train_batch_end
@@ -147,10 +157,10 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     final = torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=False)
     assert final["global_step"] == 40 and final["epoch"] > at_crash["epoch"]  # the resumed part crosses an epoch
     assert sorted(reference) == list(range(40))
-    for s in range(20, 40):  # every step after the checkpoint, bit for bit
-        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+    for s in range(20, 40):  # every step after the checkpoint
+        assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
     seeds = run(compose_train(*overrides, "seed=1", "max_steps=5"), tmp_path / "seed1")
-    assert seeds["global_step"] == 5 and losses(tmp_path / "seed1")[1] != reference[1]  # another seed, other masks
+    assert seeds["global_step"] == 5 and not same_loss(losses(tmp_path / "seed1")[1], reference[1])  # other masks
 
 
 def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -202,7 +212,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
     resumed = losses(tmp_path / "killed")
     assert sorted(reference) == list(range(26))
     for s in range(21, 26):
-        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+        assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
 
 
 # the real signals, to a 2-process DDP run (single-process SIGKILL is the in-process crash test above)
@@ -231,7 +241,7 @@ def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig):
     resumed = losses(tmp_path / "killed")
     assert sorted(reference) == list(range(40))
     for s in range(last, 40):
-        assert resumed[s] == reference[s], (s, resumed[s], reference[s])
+        assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
 
 
 # --- failures that must not corrupt anything ----------------------------------------------------------
