@@ -240,8 +240,8 @@ class Encoder(nn.Module):
         """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
         ``embeddings``: another encoder's embeddings, for an encoder built without its own.
         ``rows``: flat indices into batch x seq of the only positions whose output is wanted (the
-        masked positions of a masked LM). The last layer then computes its output and feed-forward
-        for those rows only, and ``hidden_states`` is (len(rows), hidden), in the order given; the
+        masked positions of a masked LM). Only those rows query in the last layer and go through
+        its output projection and feed-forward, and ``hidden_states`` is (len(rows), hidden), in the order given; the
         pooled [CLS] vector is unaffected. Every layer still attends over all positions, so the rows
         are exactly what the full forward would give (up to dropout draws)."""
         b, t = input_ids.shape
@@ -265,12 +265,10 @@ class Encoder(nn.Module):
             x = self.layers[0 if self.config.share_layers else i](x, attn_mask, rows if i == n - 1 else None)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        if rows is None:
-            pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
-            return EncoderOutput(x, pooled)
         if self.pooler is None:
             return EncoderOutput(x, None)
-        return EncoderOutput(x[b:], torch.tanh(self.pooler(x[:b])))
+        hidden, cls = (x, x[:, 0]) if rows is None else (x[b:], x[:b])
+        return EncoderOutput(hidden, torch.tanh(self.pooler(cls)))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
