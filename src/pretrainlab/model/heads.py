@@ -31,15 +31,12 @@ class MaskedLMHead(nn.Module):
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(F.gelu(self.dense(hidden)))
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """hidden: (n, hidden_size) rows to score; returns (n, vocab) logits."""
-        return F.linear(self.transform(hidden), word_embeddings, self.bias)
-
     def loss(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, labels: torch.Tensor,
              temperature: float | None = None, generator: torch.Generator | None = None):
         """Mean cross-entropy of the rows' logits against ``labels`` and the accuracy of their argmax,
         computed a slice of the vocabulary at a time; with ``temperature``, also one sample per row
-        from softmax(logits / temperature). Same values and gradients as ``forward`` + cross-entropy."""
+        from softmax(logits / temperature). Same values and gradients as ``F.cross_entropy`` of the
+        logits ``F.linear(self.transform(hidden), word_embeddings, self.bias)``."""
         return linear_cross_entropy(self.transform(hidden), word_embeddings, self.bias, labels, temperature, generator)
 
 
