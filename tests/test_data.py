@@ -6,11 +6,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tokenizers import Tokenizer, trainers
 
 from pretrainlab.data.corpus import HubCorpus, SyntheticCorpus, TextFiles, split_sentences, strip_gutenberg_boilerplate
 from pretrainlab.data.pretrain import EpochBatches, PretrainData
 from pretrainlab.data.synthetic import STAGES
-from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
+from pretrainlab.data.tokenizer import SPECIALS, ContinuationScan, TokenizerSpec, single_char_pieces, special_tokens
 from pretrainlab.objectives.pairs import PackedBlocks
 
 
@@ -124,6 +125,62 @@ def test_bpe_and_pretrained_tokenizers(tmp_path):
         special_tokens(loaded.tokenizer, {"mask": "<mask>"})
     with pytest.raises(FileNotFoundError, match="tokenizer.path"):
         TokenizerSpec(kind="pretrained", path=str(tmp_path / "missing.json")).key("x")
+
+
+# text with what makes continuation pieces hard to predict: removed characters (a left-to-right
+# mark, a byte-order mark, a combining accent when lowercasing), symbols that stand alone or join,
+# Greek capitals, a dotted capital I, CJK characters (split off), punctuation, full-width letters
+AWKWARD = ["The ΟΔΟΣ of Ἀθῆναι, and £5 at 45° is ½ the café's naïve price.", "x\u200eי and ☉ ☉ ♂ so İstanbul",
+           "e\u0301t\u0301e 日本語 don't ALL-CAPS 3.14 ｆｕｌｌ－ｗｉｄｔｈ \ufeffbom"] * 3
+
+
+def native(spec: TokenizerSpec, sentences: list[str]) -> Tokenizer:
+    """tokenizers' own WordPiece training."""
+    tok = spec._wordpiece()
+    tok.train_from_iterator(sentences, trainers.WordPieceTrainer(
+        vocab_size=spec.vocab_size, min_frequency=spec.min_frequency, special_tokens=list(SPECIALS.values()),
+        show_progress=False))
+    return tok
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_continuation_scan_predicts_the_trainers_pieces(lowercase):
+    spec = TokenizerSpec(vocab_size=100, lowercase=lowercase)
+    scan = ContinuationScan(spec._wordpiece())
+    for text in AWKWARD:
+        scan.update(text)
+    assert set(scan.pieces()) == set(single_char_pieces(native(spec, AWKWARD)))
+    # seen through the removed mark, after the joining "£", and no piece for a symbol standing alone
+    assert {"##י", "##5"} <= set(scan.pieces()) and "##☉" not in scan.pieces()
+
+
+def test_tokenizer_training_is_reproducible(tmp_path):
+    """tokenizers' WordPiece trainer alone ends with a different vocabulary on almost every run
+    (huggingface/tokenizers#1794); trained here, the same text gives the same tokenizer."""
+    sentences = list(PretrainData(SyntheticCorpus(num_documents=200), TokenizerSpec(), tmp_path).sentences())
+    sentences += AWKWARD
+    spec = TokenizerSpec(vocab_size=1000)
+    trained = [spec.train(iter(sentences), workdir=tmp_path).to_str() for _ in range(5)]
+    assert len(set(trained)) == 1
+    assert not list(tmp_path.glob(".wordpiece-*"))  # the spooled sentences are gone
+    tok = Tokenizer.from_str(trained[0])
+    # the pieces handed to the trainer are ordinary vocabulary again, exactly those it creates itself
+    assert sorted(t.content for t in tok.get_added_tokens_decoder().values()) == sorted(SPECIALS.values())
+    reference = native(spec, sentences)
+    assert set(single_char_pieces(tok)) == set(single_char_pieces(reference))
+    assert tok.get_vocab_size() == reference.get_vocab_size() > 400
+    assert tok.token_to_id("##a") is not None and "##a" not in tok.encode("the ##a").tokens
+    bpe = TokenizerSpec(kind="bpe", vocab_size=600)
+    assert len({bpe.train(iter(sentences)).to_str() for _ in range(3)}) == 1
+
+
+def test_wordpiece_pieces_the_scan_missed_are_trained_again(tmp_path, monkeypatch):
+    sentences = list(PretrainData(SyntheticCorpus(num_documents=100), TokenizerSpec(), tmp_path).sentences())
+    spec = TokenizerSpec(vocab_size=600)
+    expected = spec.train(iter(sentences)).to_str()
+    complete = ContinuationScan.pieces
+    monkeypatch.setattr(ContinuationScan, "pieces", lambda self: complete(self)[::2])
+    assert spec.train(iter(sentences)).to_str() == expected
 
 
 def test_examples_are_cached_and_splits_are_disjoint(tmp_path):
