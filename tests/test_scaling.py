@@ -132,9 +132,11 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
 
     overrides = [*RESUME, "max_steps=40", "device_batch_size=8"]  # accumulation 2
     full = run(compose_train(*overrides), tmp_path / "full")
-    again = run(compose_train(*overrides), tmp_path / "again")
+    # determinism: same seed, same losses, also with tokenizer and examples built again in a new cache
+    again = run(compose_train(*overrides, f"cache_dir={tmp_path / 'new-cache'}"), tmp_path / "again")
+    assert (tmp_path / "new-cache" / "tokenizers").is_dir()
     reference = losses(tmp_path / "full")
-    again_losses = losses(tmp_path / "again")  # determinism: same seed, same losses
+    again_losses = losses(tmp_path / "again")
     assert len(reference) == 40 and sorted(again_losses) == sorted(reference)
     assert all(same_loss(again_losses[s], reference[s]) for s in reference), (again_losses, reference)
     assert full["global_step"] == again["global_step"] == 40
