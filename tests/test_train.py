@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 from pretrainlab.export import load_encoder
@@ -29,7 +30,8 @@ def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(
     rows = metrics(tmp_path)
     logged = set().union(*(r.keys() for r in rows))
     for key in ("train/loss", "train/mlm_loss", "train/mlm_acc", "val/loss", "val/mlm_loss", "val/mlm_acc",
-                "train/lr", "train/tokens_seen", "train/flops", "perf/tokens_per_s"):
+                "train/lr", "train/tokens_seen", "train/flops", "perf/tokens_per_s", "perf/data_wait_s",
+                "perf/data_wait_frac"):
         assert key in logged, key
     encoder, tokenizer, meta = load_encoder(tmp_path)
     assert meta["pretraining"]["objective"] == "roberta" and meta["pretraining"]["global_step"] == 12
@@ -38,6 +40,36 @@ def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(
         torch.testing.assert_close(v, state[f"encoder.{k}"])
     ids = torch.tensor([tokenizer.encode("The kolam sees a drum.").ids])
     assert encoder.eval()(ids).hidden_states.shape == (1, ids.shape[1], 128)
+
+
+def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_path, monkeypatch):
+    import time
+
+    from pretrainlab.data.pretrain import MaskedBatches
+    from pretrainlab.lit.pretrain import PretrainModule
+
+    def waits(run_dir):
+        rows = [r for r in metrics(run_dir) if r.get("perf/data_wait_s")]
+        return [float(r["perf/data_wait_s"]) for r in rows], [float(r["perf/data_wait_frac"]) for r in rows]
+
+    def slowly(original):
+        def slow(*args, **kwargs):
+            time.sleep(0.3)
+            return original(*args, **kwargs)
+        return slow
+
+    overrides = [*SMALL, "max_steps=6", "val_every=2", "trainer.log_every_n_steps=1", "export=false"]
+    with monkeypatch.context() as m:
+        m.setattr(PretrainModule, "validation_step", slowly(PretrainModule.validation_step))
+        run(compose_train(*overrides), tmp_path / "slow-validation")
+    fast, _ = waits(tmp_path / "slow-validation")
+    assert len(fast) == 6 and max(fast) < 0.3 and np.median(fast) < 0.1  # validation is not waiting for data
+
+    monkeypatch.setattr(MaskedBatches, "__getitem__", slowly(MaskedBatches.__getitem__))
+    run(compose_train(*overrides), tmp_path / "slow-data")
+    slow, fractions = waits(tmp_path / "slow-data")
+    assert len(slow) == 6 and min(slow) >= 0.3  # every step waited for its batch
+    assert np.median(fractions) > 0.5
 
 
 def test_resume_continues_from_the_checkpoint(tmp_path):

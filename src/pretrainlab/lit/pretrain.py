@@ -7,6 +7,8 @@ optimises, counts and logs:
     train/loss, train/<objective metrics>, val/...    from ObjectiveOutput
     train/lr, train/tokens_seen, train/flops          for compute-matched comparisons
     perf/tokens_per_s                                 wall-clock throughput of the training step
+    perf/data_wait_s, perf/data_wait_frac             time the step waited for its batch, and its
+                                                      share of the step: near 0 when data keeps up
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class PretrainModule(L.LightningModule):
         self._last_consumed = 0.0
         self._step_start: float | None = None
         self._batch_start: float | None = None
+        self._batch_end: float | None = None  # when the previous training batch (or validation) finished
+        self._data_wait: float | None = None
         self._step_tokens: torch.Tensor | None = None
 
     # --- steps ----------------------------------------------------------------------------------
@@ -175,6 +179,9 @@ class PretrainModule(L.LightningModule):
         torch.manual_seed(int(np.random.SeedSequence(
             [self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0]))
         self._batch_start = time.perf_counter()
+        # the time since the previous batch (or validation) finished: fetching this batch and the
+        # loop's own bookkeeping; the previous batch's checkpoint is saved before _batch_end is taken
+        self._data_wait = self._batch_start - self._batch_end if self._batch_end is not None else None
         self._step_tokens = None  # set by training_step unless the batch is skipped
         if self._step_start is None:  # the first micro-batch of this optimizer step (or after a skipped one)
             self._step_start = self._batch_start
@@ -223,9 +230,20 @@ class PretrainModule(L.LightningModule):
             if self.budget.kind != "steps" and used >= self.budget.total:
                 self.trainer.should_stop = True
         if self._step_tokens is not None and self.global_step % self.trainer.log_every_n_steps == 0:
+            bs = batch["input_ids"].shape[0]
             elapsed = time.perf_counter() - self._batch_start
             if elapsed > 0:
-                self.log("perf/tokens_per_s", float(self._step_tokens) / elapsed, batch_size=batch["input_ids"].shape[0])
+                self.log("perf/tokens_per_s", float(self._step_tokens) / elapsed, batch_size=bs)
+            if self._data_wait is not None:
+                self.log("perf/data_wait_s", self._data_wait, batch_size=bs)
+                self.log("perf/data_wait_frac", self._data_wait / (self._data_wait + elapsed), batch_size=bs)
+        self._batch_end = time.perf_counter()
+
+    def on_validation_end(self) -> None:
+        self._batch_end = time.perf_counter()  # the next batch's wait starts after validation
+
+    def on_train_epoch_start(self) -> None:
+        self._batch_end = time.perf_counter()  # the first batch's wait includes starting the loader workers
 
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):
