@@ -2,7 +2,7 @@
 from a ``tokenizer.json``. A trained tokenizer is cached under a hash of the corpus and the
 settings, so a second run with the same corpus and settings loads it instead of training.
 
-Training is reproducible: the same corpus and settings give the same tokenizer on every machine
+Training is reproducible: the same corpus and settings give the same tokenizer in every run
 (see :func:`train_wordpiece` for what that takes with ``tokenizers``' WordPiece trainer)."""
 
 from __future__ import annotations
