@@ -175,8 +175,7 @@ class ContinuationScan:
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self.seen: set[str] = set()
-        self.joins: set[str] = set()  # characters that stay inside a word
-        self.inside: dict[str, set[str]] = {}  # character -> what it becomes inside a word
+        self.inside: dict[str, set[str]] = {}  # character that stays inside a word -> what it becomes there
         self.found: set[str] = set()
         self.waiting: set[str] = set()  # joining characters not yet seen after another
         self.dropped: set[str] = set()  # characters the normalizer removes
@@ -195,7 +194,6 @@ class ContinuationScan:
             n_words, inside = self._inside(c * 3)
             self.found |= self._inside(c)[1]
             if n_words == 1:
-                self.joins.add(c)
                 self.inside[c] = inside
                 self.waiting.add(c)
         look_for = chars & self.waiting
@@ -203,7 +201,7 @@ class ContinuationScan:
             return
         if self.dropped:
             text = re.sub(f"[{_class(self.dropped)}]", "", text)
-        for c in set(re.findall(f"[{_class(look_for)}](?<=[{_class(self.joins)}].)", text, re.DOTALL)):
+        for c in set(re.findall(f"[{_class(look_for)}](?<=[{_class(self.inside)}].)", text, re.DOTALL)):
             self.found |= self.inside[c]
             self.waiting.discard(c)
 

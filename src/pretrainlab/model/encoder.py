@@ -241,9 +241,9 @@ class Encoder(nn.Module):
         ``embeddings``: another encoder's embeddings, for an encoder built without its own.
         ``rows``: flat indices into batch x seq of the only positions whose output is wanted (the
         masked positions of a masked LM). Only those rows query in the last layer and go through
-        its output projection and feed-forward, and ``hidden_states`` is (len(rows), hidden), in the order given; the
-        pooled [CLS] vector is unaffected. Every layer still attends over all positions, so the rows
-        are exactly what the full forward would give (up to dropout draws)."""
+        its output projection and feed-forward, and ``hidden_states`` is (len(rows), hidden), in
+        the order given; the pooled [CLS] vector is unaffected. Every layer still attends over all
+        positions, so the rows are exactly what the full forward would give (up to dropout draws)."""
         b, t = input_ids.shape
         if t > self.config.max_position_embeddings:
             raise ConfigError(
