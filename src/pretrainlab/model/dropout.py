@@ -36,7 +36,8 @@ def _keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> tuple[torch.T
     n = math.prod(shape)
     dropped = round(p * _LEVELS)
     scale = _LEVELS / (_LEVELS - dropped)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    # the full int64 range (to=None): raw 64-bit draws, without the modulo a bounded range costs
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
     # compared straight into a float tensor: a bool mask would cost a slow bool -> float pass per use
     mask = torch.ge(bits.view(torch.int16)[:n], dropped - (1 << 15), out=torch.empty(n, dtype=dtype)).view(shape)
     if dtype == torch.float32:
