@@ -17,6 +17,8 @@ matmul peak, measured in the same run with torch.mm in the same dtype) and peak 
 runs in its own process, so peak memory (max RSS on CPU, max allocated on CUDA) is its own. A
 case's speed is the median of its timed steps; each case runs ``--rounds`` times, minutes apart,
 and the best round is reported, so that a slow spell of a shared host does not decide a ratio.
+Both sides run with the process setting training uses (``keep_freed_memory``: glibc keeps freed
+memory for the next step instead of faulting it in again); ``--malloc default`` measures without.
 """
 
 from __future__ import annotations
@@ -183,8 +185,13 @@ def hf_step_fn(objective_name: str, model, batch):
 
 
 def run_case(impl: str, objective_name: str, precision: str, model: str, seq_len: int, batch_size: int,
-             steps: int, warmup: int, device: str, compile_: bool) -> dict:
+             steps: int, warmup: int, device: str, compile_: bool, malloc: str = "keep") -> dict:
     import torch
+
+    from pretrainlab.memory import keep_freed_memory
+
+    if malloc == "keep":
+        keep_freed_memory()
 
     torch.manual_seed(0)
     encoder, objective = build_ours(objective_name, model)
@@ -222,17 +229,19 @@ def run_case(impl: str, objective_name: str, precision: str, model: str, seq_len
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         _sync(device)
         times.append(time.perf_counter() - t0)
     per_step = statistics.median(times)  # robust to the odd step slowed by the rest of the machine
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"impl": impl, "objective": objective_name, "precision": precision, "step_s": per_step,
             "warmup_s": first, "tokens_per_s": n_tokens / per_step, "flops_per_s": useful_flops / per_step,
-            "peak_mem_mb": peak / 2**20}
+            "peak_mem_mb": peak / 2**20, "page_faults_per_step": faults}
 
 
 # --- data pipeline --------------------------------------------------------------------------------------
@@ -295,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile our encoder (warm-up cost reported)")
+    parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                        help="keep: freed memory is kept for reuse (pretrainlab.memory, as in training), both sides; "
+                             "default: glibc's defaults")
     parser.add_argument("--data", default=None, help="a corpus (file or directory) to time the data pipeline on")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -304,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:  # a child process: one case, JSON on stdout
         impl, objective, precision = args.case.split(":")
         print(json.dumps(run_case(impl, objective, precision, args.model, args.seq_len, args.batch, args.steps,
-                                  args.warmup, args.device, args.compile)))
+                                  args.warmup, args.device, args.compile, args.malloc)))
         return 0
 
     import torch
@@ -314,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 else f"CPU {torch.backends.cpu.get_cpu_capability()}, bf16 {'native' if native_bf16 else 'emulated'}")
     print(f"torch {torch.__version__}, {args.device} ({hardware}), {torch.get_num_threads()} threads; "
           f"model={args.model}, seq {args.seq_len}, batch {args.batch}; {args.steps} timed steps after "
-          f"{args.warmup} warm-up")
+          f"{args.warmup} warm-up; malloc {args.malloc}")
     if args.precision == "auto":
         args.precision = "fp32,bf16" if native_bf16 else "fp32"
         if not native_bf16:
@@ -331,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 for impl in ("ours", "hf"):
                     cmd = [sys.executable, __file__, "--case", f"{impl}:{objective}:{precision}", "--model",
                            args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
-                           str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+                           str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+                           "--malloc", args.malloc]
                     out = subprocess.run(cmd + (["--compile"] if args.compile else []), capture_output=True,
                                          text=True, cwd=ROOT)
                     if out.returncode != 0:

@@ -24,6 +24,7 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
     assert [(r["impl"], r["objective"]) for r in results] == [
         ("ours", "roberta"), ("hf", "roberta"), ("ours", "electra"), ("hf", "electra")]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_mem_mb"] > 0 for r in results)
+    assert all(r["page_faults_per_step"] >= 0 for r in results) and "malloc keep" in out.stdout
     assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] == max(r["rounds"]) for r in results)  # the best round
     assert "| roberta | fp32 |" in out.stdout and "| electra | fp32 |" in out.stdout
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout

@@ -35,6 +35,7 @@ from pretrainlab.glue.tasks import get_task
 from pretrainlab.lit.finetune import FinetuneModule
 from pretrainlab.lit.pretrain import OptimConfig
 from pretrainlab.loggers import build_logger, finish_logger
+from pretrainlab.memory import keep_freed_memory
 from pretrainlab.model.encoder import ConfigError, Encoder
 from pretrainlab.tokens import SpecialTokens
 from pretrainlab.train import _world_size, hydra_choices, validate_precision
@@ -109,6 +110,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     if OmegaConf.is_missing(cfg, "pretrained"):
         raise ConfigError("pretrained=<pretraining run directory | exported encoder directory | hf:<dir>> is required.")
     validate_precision(cfg)
+    if cfg.get("keep_freed_memory", True):
+        keep_freed_memory()
     spec = get_task(cfg.task.name)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)

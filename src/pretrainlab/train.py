@@ -26,6 +26,7 @@ from pretrainlab.data.tokenizer import special_tokens
 from pretrainlab.export import export_encoder
 from pretrainlab.lit.pretrain import PretrainModule
 from pretrainlab.loggers import build_logger, finish_logger
+from pretrainlab.memory import keep_freed_memory
 from pretrainlab.model.encoder import ConfigError, EncoderConfig
 
 log = logging.getLogger("pretrainlab")
@@ -142,6 +143,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     validate(cfg)
+    if cfg.get("keep_freed_memory", True):
+        keep_freed_memory()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     corpus = instantiate(cfg.data)
