@@ -21,10 +21,13 @@ def metrics(run_dir: Path) -> list[dict]:
     return [r for f in files for r in csv.DictReader(f.open())]
 
 
-def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(tmp_path):
+def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(tmp_path, monkeypatch):
+    kept = []
+    monkeypatch.setattr("pretrainlab.train.keep_freed_memory", lambda: kept.append(True))
     cfg = compose_train(*SMALL, "max_steps=12", "val_every=6", "checkpoint_every=6")
     result = run(cfg, tmp_path)
     assert result["global_step"] == 12
+    assert kept == [True]  # keep_freed_memory: true by default (see pretrainlab.memory)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "config.yaml").is_file()
     rows = metrics(tmp_path)
@@ -72,9 +75,13 @@ def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_p
     assert np.median(fractions) > 0.5
 
 
-def test_resume_continues_from_the_checkpoint(tmp_path):
+def test_resume_continues_from_the_checkpoint(tmp_path, monkeypatch):
+    kept = []
+    monkeypatch.setattr("pretrainlab.train.keep_freed_memory", lambda: kept.append(True))
     first = tmp_path / "first"
-    run(compose_train(*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false"), first)
+    run(compose_train(*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false",
+                      "keep_freed_memory=false"), first)
+    assert kept == []
     ckpt = torch.load(first / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 20
     tokens_at_20 = float(ckpt["state_dict"]["tokens_seen"])
