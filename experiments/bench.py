@@ -13,10 +13,12 @@ encoder + objective and of the transformers equivalent on the same batch:
     electra  ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator), composed
 
 and prints tokens/s, the ratio ours / HF, MFU (useful model FLOPs per second over this machine's
-matmul peak, measured in the same run with torch.mm in the same dtype) and peak memory. Each case
-runs in its own process, so peak memory (max RSS on CPU, max allocated on CUDA) is its own. A
-case's speed is the median of its timed steps; each case runs ``--rounds`` times, minutes apart,
-and the best round is reported, so that a slow spell of a shared host does not decide a ratio.
+matmul peak, measured in the same run with torch.mm in the same dtype) and peak memory. Each side
+runs in its own process, so peak memory (max RSS on CPU, max allocated on CUDA) is its own, and
+the two processes take turns, one step at a time (ours, HF, HF, ours, ...): a slow spell of a
+shared host slows both alike. The ratio is the median over pairs of neighbouring steps of
+HF step time / our step time; tokens/s is each side's median step. ``--rounds`` repeats this in
+new processes, and medians are taken over all rounds.
 Both sides run with the process setting training uses (``keep_freed_memory``: glibc keeps freed
 memory for the next step instead of faulting it in again); ``--malloc default`` measures without.
 """
@@ -31,6 +33,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -184,64 +187,135 @@ def hf_step_fn(objective_name: str, model, batch):
     return electra
 
 
-def run_case(impl: str, objective_name: str, precision: str, model: str, seq_len: int, batch_size: int,
-             steps: int, warmup: int, device: str, compile_: bool, malloc: str = "keep") -> dict:
-    import torch
+class Case:
+    """One side (ours or hf) of one objective and precision, built and ready to step."""
 
-    from pretrainlab.memory import keep_freed_memory
+    def __init__(self, impl: str, objective_name: str, precision: str, model: str, seq_len: int, batch_size: int,
+                 device: str, compile_: bool, malloc: str = "keep"):
+        import torch
 
-    if malloc == "keep":
-        keep_freed_memory()
+        from pretrainlab.memory import keep_freed_memory
 
-    torch.manual_seed(0)
-    encoder, objective = build_ours(objective_name, model)
-    batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in make_batch(objective, seq_len, batch_size).items()}
-    n_tokens = int(batch["attention_mask"].sum())
-    useful_flops = objective.flops_per_token(encoder, seq_len) * n_tokens  # the same count for both
-    if impl == "ours":
-        encoder.to(device), objective.to(device)
-        params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
-        fn = lambda: objective(encoder, batch).loss  # noqa: E731
-        if compile_:
-            encoder.forward = torch.compile(encoder.forward)
-    else:
-        hf = build_hf(objective_name, encoder.config)
-        module = hf.module if isinstance(hf, _ElectraPair) else hf
-        module.to(device).train()
-        params = [p for p in module.parameters() if p.requires_grad]
-        fn = hf_step_fn(objective_name, hf, batch)
-    # fused AdamW for both: ours by default, and transformers' Trainer default with torch >= 2.8
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    dtype = torch.bfloat16 if precision == "bf16" else None
+        if malloc == "keep":
+            keep_freed_memory()
+        torch.manual_seed(0)
+        encoder, objective = build_ours(objective_name, model)
+        batch = {k: (v.to(device) if torch.is_tensor(v) else v)
+                 for k, v in make_batch(objective, seq_len, batch_size).items()}
+        self.impl, self.objective, self.precision, self.device = impl, objective_name, precision, device
+        self.n_tokens = int(batch["attention_mask"].sum())
+        self.useful_flops = objective.flops_per_token(encoder, seq_len) * self.n_tokens  # the same count for both
+        if impl == "ours":
+            encoder.to(device), objective.to(device)
+            params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
+            self.fn = lambda: objective(encoder, batch).loss
+            if compile_:
+                encoder.forward = torch.compile(encoder.forward)
+        else:
+            hf = build_hf(objective_name, encoder.config)
+            module = hf.module if isinstance(hf, _ElectraPair) else hf
+            module.to(device).train()
+            params = [p for p in module.parameters() if p.requires_grad]
+            self.fn = hf_step_fn(objective_name, hf, batch)
+        # fused AdamW for both: ours by default, and transformers' Trainer default with torch >= 2.8
+        self.opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
 
-    def step():
-        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
-            loss = fn()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def step(self) -> float:
+        """One training step; its wall time in seconds."""
+        import torch
 
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    first = time.perf_counter() - t0
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
         t0 = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    per_step = statistics.median(times)  # robust to the odd step slowed by the rest of the machine
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
-    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"impl": impl, "objective": objective_name, "precision": precision, "step_s": per_step,
-            "warmup_s": first, "tokens_per_s": n_tokens / per_step, "flops_per_s": useful_flops / per_step,
-            "peak_mem_mb": peak / 2**20, "page_faults_per_step": faults}
+        with torch.autocast(device_type=self.device, dtype=self.dtype, enabled=self.dtype is not None):
+            loss = self.fn()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def peak_memory(self) -> float:
+        """Bytes: max RSS of this process on CPU, max allocated on CUDA."""
+        import torch
+
+        if self.device == "cuda":
+            return torch.cuda.max_memory_allocated()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def serve(case: Case) -> None:
+    """A case's child process: steps when told to, one JSON line per command (stdin -> stdout).
+
+    ``warmup N`` -> {"warmup_s"}; ``step`` -> {"step_s", "started", "page_faults"}; ``done`` -> {"peak_mem_mb", ...}."""
+    out, sys.stdout = sys.stdout, sys.stderr  # stdout carries the replies only
+    for line in sys.stdin:
+        cmd, *arg = line.split()
+        if cmd == "warmup":
+            t0 = time.perf_counter()
+            for _ in range(int(arg[0])):
+                case.step()
+            if case.device == "cuda":
+                import torch
+
+                torch.cuda.reset_peak_memory_stats()
+            reply = {"warmup_s": time.perf_counter() - t0}
+        elif cmd == "step":
+            faults, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.time()
+            step_s = case.step()
+            reply = {"step_s": step_s, "started": started,
+                     "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
+        else:
+            reply = {"peak_mem_mb": case.peak_memory() / 2**20, "n_tokens": case.n_tokens,
+                     "useful_flops": case.useful_flops}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+        if cmd == "done":
+            return
+
+
+class Worker:
+    """The parent's handle on a case's child process."""
+
+    def __init__(self, cmd: list[str]):
+        self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child never blocks on it
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, cwd=ROOT)
+        self.cmd = cmd
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.stderr.seek(0)
+            raise RuntimeError(f"{' '.join(self.cmd[3:5])} failed:\n{self.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def run_pair(worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
+    """Ours and HF in two processes, their timed steps interleaved (ours, HF, HF, ours, ...): a slow
+    spell of the host slows both sides alike, and each pair of neighbouring steps gives one ratio."""
+    workers = {impl: Worker(worker_cmd(impl)) for impl in ("ours", "hf")}
+    try:
+        warm = {impl: w.ask(f"warmup {warmup}")["warmup_s"] for impl, w in workers.items()}
+        replies: dict[str, list[dict]] = {"ours": [], "hf": []}
+        for i in range(steps):
+            for impl in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
+                replies[impl].append(workers[impl].ask("step"))
+        final = {impl: w.ask("done") for impl, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+    return {impl: {"times": [r["step_s"] for r in replies[impl]], "started": [r["started"] for r in replies[impl]],
+                   "warmup_s": warm[impl], "page_faults_per_step": statistics.mean(r["page_faults"] for r in replies[impl]),
+                   **final[impl]} for impl in workers}
 
 
 # --- data pipeline --------------------------------------------------------------------------------------
@@ -298,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objectives", default="bert,albert,roberta,electra")
     parser.add_argument("--precision", default="auto",
                         help="comma-separated fp32,bf16; auto: fp32, plus bf16 where the hardware has it natively")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per case (their median is reported)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side and round, ours and HF interleaved")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="times each case runs, in separate processes minutes apart; the best round is reported")
+                        help="times each objective runs, in new processes minutes apart; medians are over all rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile our encoder (warm-up cost reported)")
@@ -313,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    if args.case:  # a child process: one case, JSON on stdout
+    if args.case:  # a child process: one side of one case, stepping on command
         impl, objective, precision = args.case.split(":")
-        print(json.dumps(run_case(impl, objective, precision, args.model, args.seq_len, args.batch, args.steps,
-                                  args.warmup, args.device, args.compile, args.malloc)))
+        serve(Case(impl, objective, precision, args.model, args.seq_len, args.batch, args.device, args.compile,
+                   args.malloc))
         return 0
 
     import torch
@@ -334,31 +408,43 @@ def main(argv: list[str] | None = None) -> int:
                   "emulation (20-30x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway")
     results = []
     objectives = [o for o in args.objectives.split(",") if o]
+    unknown = [o for o in objectives if o not in HF_CLASSES]
+    if unknown:
+        parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(HF_CLASSES)}")
     for precision in args.precision.split(",") if objectives else []:
         before = matmul_peak(precision, args.device)
         print(f"\n{precision}:")
-        runs: dict[tuple[str, str], list[dict]] = {}
-        for round_ in range(args.rounds):  # rounds apart in time: a slow spell of the host hits one, not all
+        runs: dict[str, list[dict[str, dict]]] = {}
+        for round_ in range(args.rounds):  # rounds apart in time, in new processes
             for objective in objectives:
-                for impl in ("ours", "hf"):
-                    cmd = [sys.executable, __file__, "--case", f"{impl}:{objective}:{precision}", "--model",
-                           args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
-                           str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-                           "--malloc", args.malloc]
-                    out = subprocess.run(cmd + (["--compile"] if args.compile else []), capture_output=True,
-                                         text=True, cwd=ROOT)
-                    if out.returncode != 0:
-                        raise RuntimeError(f"{impl} {objective} {precision} failed:\n{out.stderr[-3000:]}")
-                    runs.setdefault((objective, impl), []).append(json.loads(out.stdout.strip().splitlines()[-1]))
-                ours, hf = runs[(objective, "ours")][-1], runs[(objective, "hf")][-1]
-                print(f"  round {round_ + 1}  {objective:8s} ours {ours['tokens_per_s']:8.0f} tok/s | "
-                      f"HF {hf['tokens_per_s']:8.0f} tok/s | ours/HF {ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x"
-                      + (f"  (compile warm-up {ours['warmup_s']:.1f}s)" if args.compile else ""))
+                def worker_cmd(impl: str, objective=objective, precision=precision) -> list[str]:
+                    return [sys.executable, __file__, "--case", f"{impl}:{objective}:{precision}", "--model",
+                            args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--device",
+                            args.device, "--malloc", args.malloc] + (["--compile"] if args.compile else [])
+
+                pair = run_pair(worker_cmd, args.steps, args.warmup)
+                runs.setdefault(objective, []).append(pair)
+                ours, hf = (statistics.median(pair[impl]["times"]) for impl in ("ours", "hf"))
+                n = pair["ours"]["n_tokens"]
+                print(f"  round {round_ + 1}  {objective:8s} ours {n / ours:8.0f} tok/s | HF {n / hf:8.0f} tok/s | "
+                      f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
+                      + (f"  (compile warm-up {pair['ours']['warmup_s']:.1f}s)" if args.compile else ""))
         cases = []
         for objective in objectives:
-            for impl in ("ours", "hf"):  # each side's best round; memory is the same in every round
-                best = max(runs[(objective, impl)], key=lambda r: r["tokens_per_s"])
-                cases.append({**best, "rounds": [r["tokens_per_s"] for r in runs[(objective, impl)]]})
+            pairs = runs[objective]
+            ratio = statistics.median([r for pair in pairs for r in _ratios(pair)])
+            for impl in ("ours", "hf"):
+                times = [t for pair in pairs for t in pair[impl]["times"]]
+                last = pairs[-1][impl]
+                per_step = statistics.median(times)
+                cases.append({
+                    "impl": impl, "objective": objective, "precision": precision, "step_s": per_step,
+                    "tokens_per_s": last["n_tokens"] / per_step, "flops_per_s": last["useful_flops"] / per_step,
+                    "ours_over_hf": ratio, "warmup_s": pairs[0][impl]["warmup_s"], "step_times": times,
+                    "step_started": [t for pair in pairs for t in pair[impl]["started"]],
+                    "rounds": [last["n_tokens"] / statistics.median(p[impl]["times"]) for p in pairs],
+                    "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
+                    "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs)})
         # measured before and after the cases: the machine's speed drifts on shared hosts
         peak = max(before, matmul_peak(precision, args.device))
         print(f"  matmul peak (torch.mm 2048x2048, best of before and after): {peak / 1e9:.1f} GFLOP/s")
@@ -376,13 +462,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _ratios(pair: dict[str, dict]) -> list[float]:
+    """HF step time / our step time, for each pair of neighbouring steps."""
+    return [h / o for o, h in zip(pair["ours"]["times"], pair["hf"]["times"])]
+
+
 def print_table(results: list[dict]) -> None:
     print("\n| objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for i in range(0, len(results), 2):
         o, h = results[i], results[i + 1]
         print(f"| {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
-              f"{o['tokens_per_s'] / h['tokens_per_s']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
+              f"{o['ours_over_hf']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
               f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |")
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         (corpus / f"book{b}.txt").write_text(" ".join(f"Line {i} of book {b} is about river{i % 7}." for i in range(300)))
     out = subprocess.run(
         [sys.executable, "experiments/bench.py", "--model", "tiny", "--objectives", "roberta,electra",
-         "--precision", "fp32", "--seq-len", "32", "--batch", "4", "--steps", "1", "--warmup", "1", "--rounds", "2",
+         "--precision", "fp32", "--seq-len", "32", "--batch", "4", "--steps", "2", "--warmup", "1", "--rounds", "2",
          "--json", str(tmp_path / "bench.json"), "--data", str(corpus)],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -25,6 +26,13 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         ("ours", "roberta"), ("hf", "roberta"), ("ours", "electra"), ("hf", "electra")]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_mem_mb"] > 0 for r in results)
     assert all(r["page_faults_per_step"] >= 0 for r in results) and "malloc keep" in out.stdout
-    assert all(len(r["rounds"]) == 2 and r["tokens_per_s"] == max(r["rounds"]) for r in results)  # the best round
+    for ours, hf in (results[:2], results[2:]):
+        # 2 rounds x 2 steps, the two processes taking turns: ours, HF, then HF, ours
+        assert len(ours["rounds"]) == len(hf["rounds"]) == 2 and len(ours["step_started"]) == 4
+        for i, (o, h) in enumerate(zip(ours["step_started"], hf["step_started"])):
+            assert (o < h) == (i % 2 == 0), (i, o, h)
+        assert ours["ours_over_hf"] == hf["ours_over_hf"] == statistics.median(
+            h / o for o, h in zip(ours["step_times"], hf["step_times"]))
+        assert all(r["step_s"] == statistics.median(r["step_times"]) for r in (ours, hf))
     assert "| roberta | fp32 |" in out.stdout and "| electra | fp32 |" in out.stdout
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout
