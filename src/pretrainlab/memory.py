@@ -6,7 +6,7 @@ heap to the OS once more than a few tens of MB are free, and serves every alloca
 more with a fresh ``mmap``; either way the next step touches new pages and pays a page fault per
 4 KB page. On a 2-core machine a ``model=mini`` step faulted in 10k-50k pages, up to 0.14 s of
 kernel time in a 1 s step; :func:`keep_freed_memory` raises both thresholds, so that the steady
-state reuses the same memory (a few hundred faults per step), and ``python train.py model=mini``
+state reuses the same memory (0-2k faults per step), and ``python train.py model=mini``
 ran about 4% faster. ``experiments/bench.py --malloc default`` measures without it. The price:
 freed memory up to the limit stays in the process (its RSS does not shrink after a peak).
 
