@@ -264,9 +264,11 @@ def serve(case: Case) -> None:
             step_s = case.step()
             reply = {"step_s": step_s, "started": started,
                      "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
-        else:
+        elif cmd == "done":
             reply = {"peak_mem_mb": case.peak_memory() / 2**20, "n_tokens": case.n_tokens,
                      "useful_flops": case.useful_flops}
+        else:
+            raise ValueError(f"unknown command {line!r}: expected warmup N, step or done")
         out.write(json.dumps(reply) + "\n")
         out.flush()
         if cmd == "done":
@@ -289,7 +291,7 @@ class Worker:
         if not line:
             self.proc.wait()
             self.stderr.seek(0)
-            raise RuntimeError(f"{' '.join(self.cmd[3:5])} failed:\n{self.stderr.read()[-3000:]}")
+            raise RuntimeError(f"case {self.cmd[self.cmd.index('--case') + 1]} failed:\n{self.stderr.read()[-3000:]}")
         return json.loads(line)
 
     def close(self) -> None:
