@@ -2,11 +2,12 @@
 
 ``torch.nn.Dropout`` draws one Bernoulli variable per element; on CPU that draw costs about as
 much as a small matmul (≈10 ms per million elements on one core), and a BERT layer drops out
-four tensors. Here the keep-mask comes from 16-bit slices of 64-bit random integers: four mask
-elements per draw, compared with a threshold, about 6x cheaper. The drop probability is
-``round(p * 2**16) / 2**16`` (0.1 -> 0.09999), and kept values are scaled by the exact inverse of
-the keep probability, so the expectation is unchanged. Randomness comes from torch's default
-generator: ``torch.manual_seed`` makes it reproducible.
+four tensors. Here the keep-mask comes from 16-bit slices of 64-bit random integers (numpy's
+SFC64 generator): four mask elements per draw, compared with a threshold, about 8x cheaper. The
+drop probability is ``round(p * 2**16) / 2**16`` (0.1 -> 0.09999), and kept values are scaled by
+the exact inverse of the keep probability, so the expectation is unchanged. Each call seeds its
+generator with one draw from torch's default generator: ``torch.manual_seed`` makes it
+reproducible.
 
 On other devices ``torch.nn.functional.dropout`` (a fused kernel) is used.
 """
@@ -15,16 +16,25 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 _LEVELS = 1 << 16
+_MASK64 = (1 << 64) - 1
 
 
 def _check(p: float) -> None:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+
+
+def _random_words(n: int) -> torch.Tensor:
+    """n uniformly random 64-bit words (int64). numpy's SFC64 generator makes them about twice as
+    fast as torch's Mersenne twister; it is seeded by one draw from torch's default generator."""
+    seed = int(torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)) & _MASK64
+    return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
 
 
 def _keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -36,8 +46,7 @@ def _keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> tuple[torch.T
     n = math.prod(shape)
     dropped = round(p * _LEVELS)
     scale = _LEVELS / (_LEVELS - dropped)
-    # the full int64 range (to=None): raw 64-bit draws, without the modulo a bounded range costs
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
+    bits = _random_words((n + 3) // 4)
     # compared straight into a float tensor: a bool mask would cost a slow bool -> float pass per use
     mask = torch.ge(bits.view(torch.int16)[:n], dropped - (1 << 15), out=torch.empty(n, dtype=dtype)).view(shape)
     if dtype == torch.float32:
