@@ -278,11 +278,11 @@ def serve(case: Case) -> None:
 class Worker:
     """The parent's handle on a case's child process."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, name: str, cmd: list[str]):
+        self.name = name
         self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child never blocks on it
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, cwd=ROOT)
-        self.cmd = cmd
 
     def ask(self, command: str) -> dict:
         self.proc.stdin.write(command + "\n")
@@ -291,7 +291,7 @@ class Worker:
         if not line:
             self.proc.wait()
             self.stderr.seek(0)
-            raise RuntimeError(f"case {self.cmd[self.cmd.index('--case') + 1]} failed:\n{self.stderr.read()[-3000:]}")
+            raise RuntimeError(f"case {self.name} failed:\n{self.stderr.read()[-3000:]}")
         return json.loads(line)
 
     def close(self) -> None:
@@ -301,10 +301,10 @@ class Worker:
         self.stderr.close()
 
 
-def run_pair(worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
+def run_pair(case: str, worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
     """Ours and HF in two processes, their timed steps interleaved (ours, HF, HF, ours, ...): a slow
     spell of the host slows both sides alike, and each pair of neighbouring steps gives one ratio."""
-    workers = {impl: Worker(worker_cmd(impl)) for impl in ("ours", "hf")}
+    workers = {impl: Worker(f"{impl}:{case}", worker_cmd(impl)) for impl in ("ours", "hf")}
     try:
         warm = {impl: w.ask(f"warmup {warmup}")["warmup_s"] for impl, w in workers.items()}
         replies: dict[str, list[dict]] = {"ours": [], "hf": []}
@@ -323,7 +323,6 @@ def run_pair(worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
 # --- data pipeline --------------------------------------------------------------------------------------
 def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, workers: int) -> None:
     import shutil
-    import tempfile
 
     from pretrainlab.data.corpus import TextFiles
     from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
@@ -419,16 +418,17 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, dict]]] = {}
         for round_ in range(args.rounds):  # rounds apart in time, in new processes
             for objective in objectives:
-                def worker_cmd(impl: str, objective=objective, precision=precision) -> list[str]:
-                    return [sys.executable, __file__, "--case", f"{impl}:{objective}:{precision}", "--model",
+                case = f"{objective}:{precision}"
+
+                def worker_cmd(impl: str, case=case) -> list[str]:
+                    return [sys.executable, __file__, "--case", f"{impl}:{case}", "--model",
                             args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--device",
                             args.device, "--malloc", args.malloc] + (["--compile"] if args.compile else [])
 
-                pair = run_pair(worker_cmd, args.steps, args.warmup)
+                pair = run_pair(case, worker_cmd, args.steps, args.warmup)
                 runs.setdefault(objective, []).append(pair)
-                ours, hf = (statistics.median(pair[impl]["times"]) for impl in ("ours", "hf"))
-                n = pair["ours"]["n_tokens"]
-                print(f"  round {round_ + 1}  {objective:8s} ours {n / ours:8.0f} tok/s | HF {n / hf:8.0f} tok/s | "
+                ours, hf = (_tokens_per_s(pair[impl]) for impl in ("ours", "hf"))
+                print(f"  round {round_ + 1}  {objective:8s} ours {ours:8.0f} tok/s | HF {hf:8.0f} tok/s | "
                       f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
                       + (f"  (compile warm-up {pair['ours']['warmup_s']:.1f}s)" if args.compile else ""))
         cases = []
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tokens_per_s": last["n_tokens"] / per_step, "flops_per_s": last["useful_flops"] / per_step,
                     "ours_over_hf": ratio, "warmup_s": pairs[0][impl]["warmup_s"], "step_times": times,
                     "step_started": [t for pair in pairs for t in pair[impl]["started"]],
-                    "rounds": [last["n_tokens"] / statistics.median(p[impl]["times"]) for p in pairs],
+                    "rounds": [_tokens_per_s(p[impl]) for p in pairs],
                     "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
                     "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs)})
         # measured before and after the cases: the machine's speed drifts on shared hosts
@@ -462,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
     return 0
+
+
+def _tokens_per_s(side: dict) -> float:
+    """One side of one round: tokens per second at its median step."""
+    return side["n_tokens"] / statistics.median(side["times"])
 
 
 def _ratios(pair: dict[str, dict]) -> list[float]:
