@@ -4,6 +4,12 @@ as Markdown, CSV and a PNG bar chart, and (unless --wandb disabled) a W&B run wi
     python experiments/compare.py runs/<run a>/glue runs/<run b>/glue runs/<run a>/glue-scratch
     python experiments/compare.py runs/studies/<study>            # every results file below it
     python experiments/compare.py wandb:<entity>/<project>        # the fine-tuning runs of a W&B project
+    python experiments/compare.py runs/a runs/b --label runs/b=roberta-long   # name a source's encoder
+
+Each row is one kind of encoder: its objective (or scratch, hf:<name>), with the model preset when the
+results span several. Pretraining seeds of one kind share its row and are reported as a second spread;
+two different encoders that claim the same row and pretraining seed are refused (name them with --label),
+and so are results of one task scored on different numbers of dev examples.
 
 The conventions (task score, GLUE score) are written under the table; see pretrainlab/glue/compare.py.
 """
@@ -21,12 +27,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="log the table to W&B (default: offline, sync later with `wandb sync`)")
     parser.add_argument("--project", default="pretrainlab", help="W&B project (default: pretrainlab)")
     parser.add_argument("--group", default=None, help="W&B group, e.g. the study's name")
+    parser.add_argument("--label", action="append", default=[], metavar="SOURCE=NAME",
+                        help="name the encoder(s) of one source (a directory given above); repeatable")
     args = parser.parse_args(argv)
 
-    from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
+    from pretrainlab.glue.compare import CompareError, collect, log_to_wandb, to_markdown, write_report
 
+    labels = {}
+    for item in args.label:
+        source, sep, name = item.partition("=")
+        if not sep or not name or source not in args.sources:
+            parser.error(f"--label {item!r}: expected SOURCE=NAME with SOURCE one of the sources given")
+        labels[source] = name
     out = Path(args.out)
-    table = write_report(collect(args.sources), out)
+    try:
+        table = write_report(collect(args.sources, labels), out)
+    except (CompareError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(to_markdown(table))
     print(f"\nwritten: {out}/comparison.md, comparison.csv, comparison.png, comparison.json")
     if args.wandb != "disabled":

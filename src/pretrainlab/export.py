@@ -15,45 +15,73 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from pretrainlab import atomic
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "encoder.safetensors", "tokenizer.json"
+FORMAT = "pretrainlab-encoder/1"
+
+
+class ExportError(ValueError):
+    """An export that would destroy something, or a source that is not an export."""
+
+
+def is_export(path: Path, fmt: str) -> bool:
+    """Whether ``path`` holds an export of format ``fmt`` (``native`` or ``hf``) written by pretrainlab."""
+    try:
+        config = json.loads((path / CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    if fmt == "native":
+        return str(config.get("format", "")).startswith("pretrainlab-encoder/")
+    return isinstance(config.get("pretrainlab"), dict)
+
+
+def check_output_dir(out: Path, source: Path, fmt: str, force: bool = False) -> None:
+    """Refuse an export into a directory it must not replace. Always: the working directory, the
+    source (as given: a run directory or an export), the export it reads, any directory containing
+    one of them, and any directory inside the export it reads. Unless ``force``: a non-empty
+    directory that holds no earlier export of the same format."""
+    target = out.resolve()
+    read = resolve_export_dir(source).resolve()
+    for keep, what in ((Path.cwd().resolve(), "the working directory"), (source.resolve(), f"the source {source}"),
+                       (read, f"the export {read}")):
+        if target == keep or target in keep.parents:
+            raise ExportError(f"{out} is {what} or contains it: an export replaces its output directory. Name a new "
+                              f"directory, e.g. {out / 'export'}.")
+    if read in target.parents:
+        raise ExportError(f"{out} lies inside the export it reads ({read}): name a directory outside it.")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file: name a directory.")
+    if out.is_dir() and any(out.iterdir()) and not is_export(out, fmt) and not force:
+        raise ExportError(f"{out} is not empty and holds no earlier {fmt} export: its files would be deleted. Name "
+                          f"a new or empty directory, or pass --force to replace it.")
 
 
 def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens, out_dir: str | Path,
                    pretraining: dict | None = None) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
-        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in encoder.state_dict().items()}
+    """Write ``encoder`` (float32 weights), its tokenizer and metadata to ``out_dir``, replacing an
+    earlier export there in one rename."""
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in encoder.state_dict().items()}
+    specials = {"pad": tokens.pad_id, "unk": tokens.unk_id, "cls": tokens.cls_id, "sep": tokens.sep_id,
+                "mask": tokens.mask_id}
+    meta = {"format": FORMAT, "encoder": encoder.config.to_dict(), "special_tokens": specials,
+            "pretraining": pretraining or {}}
+
+    def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
         tokenizer.save(str(tmp / TOKENIZER))
-        specials = {"pad": tokens.pad_id, "unk": tokens.unk_id, "cls": tokens.cls_id, "sep": tokens.sep_id,
-                    "mask": tokens.mask_id}
-        meta = {"format": "pretrainlab-encoder/1", "encoder": encoder.config.to_dict(), "special_tokens": specials,
-                "pretraining": pretraining or {}}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    return atomic.build_dir(out_dir, build)
 
 
 def resolve_export_dir(path: str | Path) -> Path:
@@ -68,32 +96,55 @@ def resolve_export_dir(path: str | Path) -> Path:
 
 def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, Tokenizer, dict]:
     """(encoder, tokenizer, metadata) from an export directory or a run directory."""
+    from pretrainlab.data.tokenizer import load_tokenizer
+
     p = resolve_export_dir(path)
-    meta = json.loads((p / CONFIG).read_text())
-    encoder = Encoder(EncoderConfig.from_dict(meta["encoder"]))
-    encoder.load_state_dict(load_file(str(p / WEIGHTS), device=map_location))
-    return encoder, Tokenizer.from_file(str(p / TOKENIZER)), meta
+    try:
+        meta = json.loads((p / CONFIG).read_text())
+        config = EncoderConfig.from_dict(meta["encoder"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ExportError(f"{p / CONFIG} is not a pretrainlab export config ({e}); export the run again.") from None
+    encoder = Encoder(config)
+    try:
+        state = load_file(str(p / WEIGHTS), device=map_location)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, an Exception
+        raise ExportError(f"{p / WEIGHTS} cannot be read ({str(e).strip()[:200]}); export the run again.") from None
+    encoder.load_state_dict(state)
+    tokenizer = load_tokenizer(p / TOKENIZER, "The export is damaged: export the run again.")
+    return encoder, tokenizer, meta
+
+
+def export_native(source: str | Path, out: str | Path, force: bool = False) -> Path:
+    """Copy the export of a run (or an export directory) to ``out``."""
+    src, out = resolve_export_dir(source), Path(out)
+    check_output_dir(out, Path(source), "native", force)
+    return atomic.build_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m pretrainlab.export <run or export dir> --format hf <out dir>"""
+    """python -m pretrainlab.export <run or export dir> <out dir> [--format hf|native] [--force]"""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pretrainlab.export", description=(
         "Export a pretrained encoder: --format hf writes a transformers directory (AutoModel.from_pretrained); "
-        "--format native copies the pretrainlab export."))
+        "--format native copies the pretrainlab export. The output directory is written in one rename; an earlier "
+        "export of the same format there is replaced, any other non-empty directory is refused (--force replaces "
+        "it). The working directory and the source are never replaced."))
     parser.add_argument("source", help="a pretraining run directory or its encoder/ export")
     parser.add_argument("out", help="the directory to write")
     parser.add_argument("--format", choices=["hf", "native"], default="hf")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty directory that is not an export")
     args = parser.parse_args(argv)
-    if args.format == "hf":
-        from pretrainlab.hf import export_hf
+    try:
+        if args.format == "hf":
+            from pretrainlab.hf import export_hf
 
-        out = export_hf(args.source, args.out)
-    else:
-        src = resolve_export_dir(args.source)
-        out = Path(args.out)
-        shutil.copytree(src, out, dirs_exist_ok=True)
+            out = export_hf(args.source, args.out, force=args.force)
+        else:
+            out = export_native(args.source, args.out, force=args.force)
+    except (ExportError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"exported {args.source} -> {out}")
     return 0
 

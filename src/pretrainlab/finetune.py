@@ -12,6 +12,7 @@ in ``history``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -28,7 +29,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from pretrainlab.data.tokenizer import atomic_write_text, special_tokens
+from pretrainlab import atomic
+from pretrainlab.data.tokenizer import special_tokens
 from pretrainlab.export import load_encoder, resolve_export_dir
 from pretrainlab.glue.data import EncodedDataset, collate, encode, load_task
 from pretrainlab.glue.tasks import get_task
@@ -36,6 +38,8 @@ from pretrainlab.lit.finetune import FinetuneModule
 from pretrainlab.lit.pretrain import OptimConfig
 from pretrainlab.loggers import build_logger, finish_logger
 from pretrainlab.memory import keep_freed_memory
+from pretrainlab.preemption import worker_init
+from pretrainlab.settings import check_finetuning
 from pretrainlab.model.encoder import ConfigError, Encoder
 from pretrainlab.tokens import SpecialTokens
 from pretrainlab.train import _world_size, hydra_choices, validate_precision
@@ -54,11 +58,60 @@ class Pretrained:
     source: dict        # provenance: path, objective, pretraining run, W&B id
 
 
-def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) -> Pretrained:
+def shape_name(cfg) -> str:
+    """An encoder's shape in a few characters (L2-H128, L12-H768-E128-shared), for encoders whose
+    model preset is not recorded."""
+    name = f"L{cfg.num_layers}-H{cfg.hidden_size}"
+    if cfg.embedding_size != cfg.hidden_size:
+        name += f"-E{cfg.embedding_size}"
+    return name + ("-shared" if cfg.share_layers else "")
+
+
+def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
+    """What identifies the encoder ``pretrained`` names, without loading it: ``encoder_id`` (the
+    sha256 of its weights file; for ``init=scratch``, a hash of its architecture and tokenizer),
+    ``weights_sha256``, ``model`` (the model preset it was pretrained with, or its shape) and
+    ``pretrain_seed``. Finished GLUE results are keyed by ``encoder_id``: a run directory
+    pretrained again holds another encoder, whatever its path."""
+    from pretrainlab.data.hashing import file_digest, fingerprint
+    from pretrainlab.export import CONFIG, TOKENIZER, WEIGHTS
+
     if init not in ("pretrained", "scratch"):
         raise ConfigError(f"init={init!r}: expected pretrained or scratch.")
     if not pretrained or pretrained == "???":
         raise ConfigError("pretrained=<run directory or exported encoder> is required.")
+    if str(pretrained).startswith("hf:"):
+        from pretrainlab.hf import encoder_config_from_hf, model_name
+
+        d = Path(os.path.expanduser(str(pretrained)[3:]))
+        weights = next((d / f for f in ("model.safetensors", "pytorch_model.bin") if (d / f).is_file()), None)
+        if weights is None or not (d / "config.json").is_file():
+            raise FileNotFoundError(f"hf:{d}: expected a transformers directory (config.json and model.safetensors or "
+                                    f"pytorch_model.bin).")
+        cfg, _ = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
+        tokenizer = next((d / f for f in ("tokenizer.json", "vocab.txt") if (d / f).is_file()), None)
+        model, seed = model_name(d), None
+    else:
+        d = resolve_export_dir(pretrained)
+        meta = json.loads((d / CONFIG).read_text())
+        from pretrainlab.model.encoder import EncoderConfig
+
+        cfg = EncoderConfig.from_dict(meta["encoder"])
+        pre = meta.get("pretraining") or {}
+        weights, tokenizer = d / WEIGHTS, d / TOKENIZER
+        model = (pre.get("choices") or {}).get("model") or shape_name(cfg)
+        seed = (pre.get("config") or {}).get("seed")
+    digest = file_digest(weights)
+    identity = {"weights_sha256": digest, "model": model, "pretrain_seed": seed, "encoder_id": digest}
+    if init == "scratch":
+        identity["encoder_id"] = fingerprint({"scratch": cfg.to_dict(),
+                                              "tokenizer": file_digest(tokenizer) if tokenizer else None})
+        identity["pretrain_seed"] = None
+    return identity
+
+
+def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) -> Pretrained:
+    identity = encoder_identity(pretrained, init)
     if str(pretrained).startswith("hf:"):
         from pretrainlab.hf import load_hf_encoder
 
@@ -83,13 +136,8 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
         torch.manual_seed(seed)
         encoder = Encoder(encoder.config)
         label = "scratch"
-    source["init"] = init
+    source.update(identity, init=init)
     return Pretrained(encoder, tokenizer, tokens, label, source)
-
-
-def _atomic_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
 
 
 def task_score(metrics: dict[str, float]) -> float:
@@ -109,6 +157,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     results_path = Path(results_path) if results_path else run_dir / "results.json"
     if OmegaConf.is_missing(cfg, "pretrained"):
         raise ConfigError("pretrained=<pretraining run directory | exported encoder directory | hf:<dir>> is required.")
+    check_finetuning(cfg)
     validate_precision(cfg)
     if cfg.get("keep_freed_memory", True):
         keep_freed_memory()
@@ -139,12 +188,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     per_device = cfg.task.batch_size // world
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
+    collate_fn = functools.partial(collate, pad_id=pad)
     train_loader = torch.utils.data.DataLoader(
         EncodedDataset(encoded_train), batch_size=per_device, shuffle=True, generator=gen, drop_last=False,
-        collate_fn=lambda items: collate(items, pad), num_workers=cfg.num_workers)
+        collate_fn=collate_fn, num_workers=cfg.num_workers, worker_init_fn=worker_init)
     eval_loaders = [torch.utils.data.DataLoader(EncodedDataset(e), batch_size=per_device * 2, shuffle=False,
-                                                collate_fn=lambda items: collate(items, pad),
-                                                num_workers=cfg.num_workers) for e in encoded_eval]
+                                                collate_fn=collate_fn, num_workers=cfg.num_workers,
+                                                worker_init_fn=worker_init) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
     total_steps = steps_per_epoch * cfg.task.epochs
     optim = OptimConfig(lr=cfg.task.lr, weight_decay=cfg.task.weight_decay, warmup=cfg.task.warmup,
@@ -156,7 +206,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     logger = build_logger(
         cfg, run_dir, hydra_choices() if choices is None else choices, name=f"{spec.name}-{model.label}-s{cfg.seed}",
         group=model.source.get("wandb_group") or model.label, job_type="finetune",
-        extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label},
+        extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label}
+        | {f"eval_examples.{s}": len(e) for s, e in zip(eval_names, encoded_eval)},
     )
     callbacks = []
     if cfg.trainer.get("enable_progress_bar", True):
@@ -167,6 +218,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
         gradient_clip_val=optim.grad_clip, log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10),
                                                                  steps_per_epoch),
     )
+    exit_code = 1
     try:
         trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=eval_loaders)
         if not module.history:
@@ -181,13 +233,14 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
             "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir),
         }
         if trainer.is_global_zero:
-            _atomic_json(results_path, result)
+            atomic.write_json(results_path, result)
             if logger:
                 _log_summary(logger, result)
         log.info("%s %s seed %d: %s (score %.2f)", spec.name, model.label, cfg.seed,
                  ", ".join(f"{k} {v:.4f}" for k, v in final.items()), result["score"])
+        exit_code = 0
     finally:
-        finish_logger(logger)
+        finish_logger(logger, exit_code)
     return result
 
 

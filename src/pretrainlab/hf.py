@@ -17,17 +17,20 @@ Import (``pretrained=hf:<dir>``) reads a transformers BERT, ELECTRA or ALBERT ch
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, processors
 
+from pretrainlab import atomic
+from pretrainlab.checkpoint import read as read_checkpoint
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens
+
+log = logging.getLogger("pretrainlab")
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 DEFAULT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -197,45 +200,52 @@ def read_tokenizer(d: Path) -> tuple[Tokenizer, dict[str, str]]:
 
 
 # --- export ----------------------------------------------------------------------------------------
-def export_hf(path: str | Path, out_dir: str | Path) -> Path:
-    """A run directory or an export directory -> a transformers directory (written atomically)."""
-    from pretrainlab.export import load_encoder, resolve_export_dir
+def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Path:
+    """A run directory or an export directory -> a transformers directory, written to a temporary
+    directory and renamed into place. ``out_dir`` is checked first (``export.check_output_dir``):
+    an earlier hf export there is replaced, any other non-empty directory only with ``force``."""
+    from pretrainlab.export import check_output_dir, load_encoder, resolve_export_dir
 
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, Path(path), "hf", force)
     export = resolve_export_dir(path)
     encoder, tokenizer, meta = load_encoder(export)
     cfg = encoder.config
     objective = (meta.get("pretraining") or {}).get("objective")
     arch = architecture(cfg, objective)
     specials = {r: tokenizer.id_to_token(i) for r, i in meta["special_tokens"].items()}
-    heads = _heads_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", cfg, arch)
+    ours = encoder.state_dict()
+    heads = _heads_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", ours, arch)
     base = {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[arch]
     full = {"bert": "BertForMaskedLM", "albert": "AlbertForMaskedLM", "electra": "ElectraForPreTraining"}[arch]
     prefix = f"{arch}." if heads else ""
-    state = to_hf_state(encoder.state_dict(), cfg, arch, prefix)
+    state = to_hf_state(ours, cfg, arch, prefix)
     state.update(heads)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
-        config = hf_config(cfg, arch, [full if heads else base], meta["special_tokens"]["pad"])
-        config["pretrainlab"] = {"objective": objective, "source": str(export.resolve())}
+    config = hf_config(cfg, arch, [full if heads else base], meta["special_tokens"]["pad"])
+    config["pretrainlab"] = {"objective": objective, "source": str(export.resolve())}
+
+    def build(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         save_file({k: v.detach().float().clone() for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         write_tokenizer(tokenizer, specials, tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    return atomic.build_dir(out_dir, build)
 
 
-def _heads_from_checkpoint(ckpt: Path, cfg: EncoderConfig, arch: str) -> dict[str, torch.Tensor]:
-    """The pretraining head in transformers' names, when the run's checkpoint has one we can map."""
+def _heads_from_checkpoint(ckpt: Path, encoder_state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
+    """The pretraining head in transformers' names, from the run's checkpoint when it holds one we
+    can map and its encoder is the exported one (a checkpoint of another run, or of an earlier step,
+    would put foreign heads on this encoder: then none is exported)."""
     if not ckpt.is_file():
         return {}
-    sd = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    sd = read_checkpoint(ckpt)["state_dict"]
+    foreign = [k for k, v in encoder_state.items()
+               if f"encoder.{k}" not in sd or not torch.equal(sd[f"encoder.{k}"].float(), v.float())]
+    if foreign:
+        log.warning("%s holds another encoder than the export (%s differs): exported without the pretraining head",
+                    ckpt, foreign[0])
+        return {}
     if arch == "electra":
         src = "objective.discriminator_head."
         if f"{src}dense.weight" not in sd:

@@ -36,9 +36,12 @@ def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
 
 
 def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: str | None = None,
-                 group: str | None = None, job_type: str = "pretrain", extra: dict | None = None) -> Logger | bool:
+                 group: str | None = None, job_type: str = "pretrain", extra: dict | None = None,
+                 resume: bool = False) -> Logger | bool:
     """The configured logger, with the flattened config logged. W&B runs are named and grouped
-    (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``."""
+    (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``.
+    ``resume``: the run continues from a checkpoint of this run directory, and so continues its
+    W&B run (the id kept in ``.wandb_id``); otherwise it is a new W&B run."""
     lcfg = cfg.get("logger")
     if not lcfg or not lcfg.get("_target_"):
         return False
@@ -50,7 +53,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: 
         kwargs["job_type"] = job_type
         # a resumed run continues the same W&B run
         id_file = run_dir / ".wandb_id"
-        if lcfg.get("id") is None:
+        if lcfg.get("id") is None and resume:
             if id_file.is_file():
                 kwargs["id"] = id_file.read_text().strip()
                 kwargs["resume"] = "allow"
@@ -69,11 +72,22 @@ def _remember_id(logger: WandbLogger, path: Path) -> None:
     path.write_text(logger.experiment.id)
 
 
+STOPPED = {130: "interrupted", 143: "preempted"}  # exit codes of SIGINT and SIGTERM
+
+
 @rank_zero_only
-def finish_logger(logger: Logger | bool) -> None:
-    """Close the W&B run, so that the next run in this process (multirun, tests) starts a new one."""
+def finish_logger(logger: Logger | bool, exit_code: int = 0) -> None:
+    """Close the W&B run with the run's exit code, so that the next run in this process (multirun,
+    tests) starts a new one. A run that did not finish is stored as failed (non-zero exit code);
+    one stopped by Ctrl-C or SIGTERM also gets the tag and summary ``stopped`` "interrupted" or
+    "preempted"."""
     if isinstance(logger, WandbLogger):
         import wandb
 
-        if wandb.run is not None:
-            wandb.finish()
+        run = wandb.run
+        if run is None:
+            return
+        if exit_code in STOPPED:
+            run.tags = tuple(run.tags or ()) + (STOPPED[exit_code],)
+            run.summary["stopped"] = STOPPED[exit_code]
+        wandb.finish(exit_code=exit_code)

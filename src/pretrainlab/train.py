@@ -8,19 +8,20 @@ tokenizer) -> objective -> examples -> LightningModule -> Trainer -> export.
 from __future__ import annotations
 
 import logging
-import os
+import shlex
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.checkpoint import CheckpointIO, check_resumable, run_info
 from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
 from pretrainlab.data.tokenizer import special_tokens
 from pretrainlab.export import export_encoder
@@ -28,6 +29,10 @@ from pretrainlab.lit.pretrain import PretrainModule
 from pretrainlab.loggers import build_logger, finish_logger
 from pretrainlab.memory import keep_freed_memory
 from pretrainlab.model.encoder import ConfigError, EncoderConfig
+from pretrainlab.preemption import SaveOnSignal, StepCheckpoint
+from pretrainlab.rundir import checkpoint_to_resume, claim
+from pretrainlab.settings import check_pretraining
+from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
 
@@ -57,18 +62,27 @@ def validate_precision(cfg: DictConfig) -> None:
         )
 
 
-def validate(cfg: DictConfig) -> None:
-    """Refuse settings that cannot work, before anything expensive happens."""
+def validate(cfg: DictConfig) -> EncoderConfig:
+    """Refuse settings that cannot work, before anything expensive happens. Builds the model and
+    the objective once on the meta device (no memory), so that every one of their settings is
+    checked by their own constructors; returns the encoder config (its vocabulary size provisional)."""
+    check_pretraining(cfg)
     validate_precision(cfg)
     _refuse_multirun_ddp(cfg)
-    if cfg.max_steps < 1 and not any(v is not None for v in (cfg.get("budget") or {}).values()):
-        raise ConfigError(f"max_steps must be at least 1, got {cfg.max_steps}.")
     max_pos = cfg.model.get("max_position_embeddings", 512)
     if cfg.max_seq_len > max_pos:
         raise ConfigError(
             f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
             f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
         )
+    batch_split(cfg.batch_size, _world_size(cfg), cfg.get("device_batch_size"))
+    instantiate(cfg.optim)
+    encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
+    placeholder = SpecialTokens(encoder_config.vocab_size, 0, 1, 2, 3, 4,
+                                np.zeros(encoder_config.vocab_size, dtype=bool))
+    with torch.device("meta"):
+        build_objective(cfg, encoder_config, placeholder)
+    return encoder_config
 
 
 def _refuse_multirun_ddp(cfg: DictConfig) -> None:
@@ -93,25 +107,23 @@ def _refuse_multirun_ddp(cfg: DictConfig) -> None:
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
     """``last`` (this run directory), ``auto`` (``last`` if it exists, else a fresh start: for
     requeued cluster jobs), a run directory, or a checkpoint file."""
-    if not ckpt_path:
-        return None
-    if ckpt_path == "auto":
-        p = run_dir / "checkpoints" / "last.ckpt"
-        return str(p) if p.is_file() else None
-    if ckpt_path == "last":
-        p = run_dir / "checkpoints" / "last.ckpt"
-        if not p.is_file():
-            raise FileNotFoundError(
-                f"ckpt_path=last: no checkpoint at {p}. To resume another run, pass ckpt_path=<its run "
-                f"directory> (or hydra.run.dir=<its run directory> ckpt_path=last)."
-            )
-        return str(p)
-    p = Path(os.path.expanduser(ckpt_path))
-    if p.is_dir():
-        p = p / "checkpoints" / "last.ckpt"
-    if not p.is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint file at {p}.")
-    return str(p)
+    p = checkpoint_to_resume(ckpt_path, Path(run_dir))
+    return None if p is None else str(p)
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run from its ``last.ckpt``."""
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            overrides = [o for o in HydraConfig.get().overrides.task
+                         if not o.split("=", 1)[0].lstrip("+~") in ("ckpt_path", "hydra.run.dir", "overwrite")]
+    except ImportError:  # pragma: no cover
+        pass
+    return " ".join(["python train.py", *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run_dir}"),
+                     "ckpt_path=last"])
 
 
 def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
@@ -141,8 +153,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
 
         run_dir = HydraConfig.get().runtime.output_dir
     run_dir = Path(run_dir)
+    provisional = validate(cfg)
+    resume_from = checkpoint_to_resume(cfg.ckpt_path, run_dir)
+    claim(run_dir, resume_from, overwrite=bool(cfg.get("overwrite", False)))
+    objective_cfg = OmegaConf.to_container(cfg.objective, resolve=True)
+    if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
+        check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
     run_dir.mkdir(parents=True, exist_ok=True)
-    validate(cfg)
     if cfg.get("keep_freed_memory", True):
         keep_freed_memory()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -153,6 +170,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     tokenizer = data.tokenizer
     tokens = special_tokens(tokenizer, tokenizer_spec.special_tokens)
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    info = run_info(objective_cfg, encoder_config.to_dict())
+    if resume_from is not None:
+        check_resumable(resume_from, info)
     objective = build_objective(cfg, encoder_config, tokens)
 
     world = _world_size(cfg)
@@ -170,7 +190,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
 
     optim = instantiate(cfg.optim)
     module = PretrainModule(encoder_config, objective, optim, cfg.max_steps, cfg.max_seq_len, seed=cfg.seed,
-                            on_nonfinite=cfg.get("on_nonfinite", "stop"))
+                            on_nonfinite=cfg.get("on_nonfinite", "stop"), run_info=info)
     budget = build_budget(cfg, datamodule, module.flops_per_token)
     if budget is not None:
         module.budget = budget
@@ -181,33 +201,39 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
              objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
 
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    logger = build_logger(cfg, run_dir, hydra_choices() if choices is None else choices)
+    logger = build_logger(cfg, run_dir, hydra_choices() if choices is None else choices,
+                          resume=resume_from is not None)
     checkpoint = StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)
-    preemption = SaveOnPreemption(run_dir / "checkpoints" / "last.ckpt")
-    callbacks: list = [checkpoint, preemption]
+    stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
+    callbacks: list = [checkpoint, stopper]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=cfg.progress_refresh_rate))
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_steps=max_steps, max_epochs=-1, default_root_dir=str(run_dir), logger=logger,
-        callbacks=callbacks,
+        callbacks=callbacks, plugins=[CheckpointIO()],
         val_check_interval=cfg.val_every if budget is not None else min(cfg.val_every, cfg.max_steps),
         check_val_every_n_epoch=None,
         gradient_clip_val=optim.grad_clip, use_distributed_sampler=False, accumulate_grad_batches=accumulate,
     )
+    exit_code = 1  # anything that does not reach the end is a failure, for W&B too
     try:
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_checkpoint(cfg.ckpt_path, run_dir))
-            preempted = preemption.stopped
+            trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume_from is None else str(resume_from),
+                        weights_only=True)
         except SIGTERMException:  # a signal before training started, while Lightning's handler was in place
-            preempted = True
-        if preempted:
-            log.warning("SIGTERM at step %d: %s; resume with ckpt_path=last in this run directory (or "
-                        "ckpt_path=%s)", trainer.global_step,
-                        f"checkpoint saved to {preemption.path}" if preemption.stopped else "stopped before training",
-                        run_dir)
-            raise SystemExit(143) from None
+            stopper.signum = signal.SIGTERM
+        except SystemExit:  # Lightning's answer to a KeyboardInterrupt it caught (recorded by the stopper)
+            if stopper.signum is None:
+                raise
+        if stopper.signum is not None:
+            exit_code = stopper.exit_code
+            name = signal.Signals(stopper.signum).name
+            saved = (f"checkpoint saved at step {trainer.global_step} to {stopper.path}" if stopper.stopped else
+                     "stopped without saving; the last checkpoint written is the one to resume from")
+            log.warning("%s: %s. Resume with:\n  %s", name, saved, resume_command(run_dir))
+            raise SystemExit(exit_code) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
             trainer.save_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # the final state
         result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -217,14 +243,16 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
             out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
                 "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
                 "tokens_seen": float(module.tokens_seen), "flops": float(module.tokens_seen) * module.flops_per_token,
+                "choices": hydra_choices() if choices is None else choices,
                 "config": OmegaConf.to_container(cfg, resolve=True),
             })
             result["encoder_dir"] = str(out)
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):
                 log_encoder_artifact(logger, out, objective.name)
+        exit_code = 0
     finally:
-        finish_logger(logger)
+        finish_logger(logger, exit_code)
     return result
 
 
@@ -277,57 +305,6 @@ def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> t
             f"(batch_size={batch_size} / {world} devices); choose a divisor of {per_device}."
         )
     return micro, per_device // micro
-
-
-class StepCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` without its end-of-training ``last.ckpt``: ``run`` writes the final state
-    itself, and skips it when a preemption stopped the run, whose checkpoint is the one to resume from."""
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pass
-
-
-class SaveOnPreemption(Callback):
-    """On SIGTERM (preemption, ``scancel``, ``kill``): finish the optimizer step in progress, save
-    ``last.ckpt`` (atomically) and stop training (``stopped`` is then true; ``train.py`` exits 143).
-
-    During training this replaces Lightning's SIGTERM handler by one that only records the signal;
-    the decision is taken at the end of each optimizer step (under DDP all ranks agree on it with one
-    all-reduce), so every rank saves and stops at the same step. The checkpoint is written from
-    ``on_train_batch_end``, the point Lightning's own step checkpoints are written from, so the
-    resumed run repeats the uninterrupted one exactly, also when that step closed an epoch or the
-    signal came in the middle of a gradient accumulation. (Lightning's handler stops right after the
-    micro-batch in which the signal arrived, mid-step under accumulation, after the epoch has been
-    closed at an epoch end, and under DDP runs a collective inside the signal handler, which can
-    deadlock the ranks.)"""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._requested = False
-        self._step_at_start = -1
-        self.stopped = False
-
-    def _request(self, signum: int, frame: Any) -> None:
-        self._requested = True
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._requested = trainer.received_sigterm  # a signal before training started
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._request)  # Lightning restores its handlers at teardown
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._step_at_start = trainer.global_step
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if trainer.global_step == self._step_at_start:
-            return  # inside a gradient accumulation: the step is not finished
-        stop = self._requested
-        if trainer.world_size > 1:
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:
-            trainer.save_checkpoint(self.path)
-            self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
 
 def _world_size(cfg: DictConfig) -> int:

@@ -105,8 +105,49 @@ def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: 
 # --- corpora -----------------------------------------------------------------------------------
 
 
+class CorpusError(ValueError):
+    """A corpus that cannot be read or cannot give a pretraining run what it needs."""
+
+
+def _caused_by(e: BaseException, kind: type) -> bool:
+    while e is not None:
+        if isinstance(e, kind):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _first_invalid_utf8(files: list[Path]) -> str:
+    """A message naming the first file that is not valid UTF-8, where, and what to do."""
+    for f in files:
+        data = f.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            return (f"{f} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}) cannot be "
+                    f"decoded. Fix or re-encode the file (e.g. iconv -f latin1 -t utf-8), or set "
+                    f"data.encoding_errors=replace to read each undecodable byte as U+FFFD.")
+    return "a data file is not valid UTF-8; set data.encoding_errors=replace to read undecodable bytes as U+FFFD."
+
+
+def _has_blank_line(path: Path, chunk: int = 1 << 20) -> bool:
+    blank = re.compile(rb"\n[ \t\r]*\n")
+    tail = b""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            if blank.search(tail + block):
+                return True
+            tail = block[-64:]
+    return False
+
+
 class Corpus:
     streaming: bool = False
+
+    def few_documents_hint(self) -> str:
+        """What to do when the corpus has fewer than 2 documents (a held-out split needs 2)."""
+        return "a held-out split needs at least 2: use a larger corpus."
 
     def key(self) -> dict:
         return {"corpus": type(self).__name__, **asdict(self)}
@@ -130,6 +171,16 @@ class SyntheticCorpus(Corpus):
     max_sentences: int = 20
     num_topics: int = 8
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_documents, int) or self.num_documents < 2:
+            raise ValueError(f"data.num_documents={self.num_documents!r}: must be an integer of at least 2 (a held-out "
+                             f"split needs 2 documents).")
+        if not 1 <= self.min_sentences <= self.max_sentences:
+            raise ValueError(f"data.min_sentences={self.min_sentences} and data.max_sentences={self.max_sentences}: "
+                             f"need 1 <= min_sentences <= max_sentences.")
+        if self.num_topics < 1:
+            raise ValueError(f"data.num_topics={self.num_topics}: must be at least 1.")
 
     def key(self) -> dict:
         return {**super().key(), "generator_version": GENERATOR_VERSION}
@@ -157,6 +208,7 @@ class TextFiles(Corpus):
     text_column: str = "text"
     strip_gutenberg: bool = True
     num_proc: int | None = None
+    encoding_errors: str = "strict"  # strict: invalid UTF-8 stops the run; replace: U+FFFD for each bad byte
 
     def __post_init__(self) -> None:
         if isinstance(self.files, str):
@@ -164,6 +216,8 @@ class TextFiles(Corpus):
         self.files = [str(f) for f in self.files]
         if self.doc_split not in ("file", "blank_line"):
             raise ValueError(f"data.doc_split must be 'file' or 'blank_line', got {self.doc_split!r}.")
+        if self.encoding_errors not in ("strict", "replace"):
+            raise ValueError(f"data.encoding_errors must be 'strict' or 'replace', got {self.encoding_errors!r}.")
 
     def resolve(self) -> list[Path]:
         if not self.files:
@@ -197,22 +251,35 @@ class TextFiles(Corpus):
     def key(self) -> dict:
         files = self.resolve()
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        return {"corpus": "TextFiles", "files": stats, "doc_split": self.doc_split,
-                "text_column": self.text_column, "strip_gutenberg": self.strip_gutenberg}
+        key = {"corpus": "TextFiles", "files": stats, "doc_split": self.doc_split,
+               "text_column": self.text_column, "strip_gutenberg": self.strip_gutenberg}
+        if self.encoding_errors != "strict":
+            key["encoding_errors"] = self.encoding_errors
+        return key
 
     def documents(self, cache_dir: Path) -> datasets.Dataset:
         files = self.resolve()
         loader = _LOADERS[files[0].suffix.lower()]
+        if loader == "text" and self.doc_split == "file" and len(files) < 2:
+            raise CorpusError(f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "
+                              f"document; {self.few_documents_hint()}")
         kwargs: dict[str, Any] = {}
         column = self.text_column
         if loader == "text":
             kwargs["sample_by"] = "document" if self.doc_split == "file" else "paragraph"
             kwargs["keep_linebreaks"] = True
             column = "text"
-        ds = datasets.load_dataset(
-            loader, data_files=[str(f) for f in files], split="train",
-            cache_dir=str(cache_dir / "hf-datasets"), **kwargs,
-        )
+        if loader in ("text", "json") and self.encoding_errors != "strict":
+            kwargs["encoding_errors"] = self.encoding_errors
+        try:
+            ds = datasets.load_dataset(
+                loader, data_files=[str(f) for f in files], split="train",
+                cache_dir=str(cache_dir / "hf-datasets"), **kwargs,
+            )
+        except Exception as e:  # noqa: BLE001 - re-raised naming the file when it is an encoding error
+            if loader != "parquet" and _caused_by(e, UnicodeDecodeError):
+                raise CorpusError(_first_invalid_utf8(files)) from None
+            raise
         cache_dir.mkdir(parents=True, exist_ok=True)
         out = _sentences_dataset(ds, column, self.strip_gutenberg, self.num_proc or os.cpu_count(),
                                  str(cache_dir / f"sentences-{self.fingerprint()}.arrow"))
@@ -220,6 +287,19 @@ class TextFiles(Corpus):
 
     def describe(self) -> str:
         return f"{len(self.resolve())} local file(s)"
+
+    def few_documents_hint(self) -> str:
+        files = self.resolve()
+        if _LOADERS[files[0].suffix.lower()] != "text":
+            return "a held-out split needs at least 2, and each row of the files is a document: add rows or files."
+        if self.doc_split == "file":
+            if any(_has_blank_line(f) for f in files):
+                return ("a held-out split needs at least 2. The text has blank lines: data.doc_split=blank_line "
+                        "makes each block between blank lines a document; or add files (one document each).")
+            return ("a held-out split needs at least 2. The text has no blank lines, so data.doc_split=blank_line "
+                    "would not split it either: add files (a directory of .txt files, one document each), or split "
+                    "the text into several files.")
+        return "a held-out split needs at least 2: add files, or separate documents with blank lines."
 
 
 @dataclass

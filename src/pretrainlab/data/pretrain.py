@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import datasets
 import lightning as L
@@ -31,10 +29,12 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from pretrainlab.data.corpus import Corpus
+from pretrainlab import atomic
+from pretrainlab.data.corpus import Corpus, CorpusError
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.tokenizer import TokenizerSpec
 from pretrainlab.objectives.pairs import Example, ExampleBuilder
+from pretrainlab.preemption import worker_init
 
 log = logging.getLogger("pretrainlab")
 
@@ -152,21 +152,6 @@ def examples_to_table(examples: Iterable[Example]) -> pa.Table:
 # --- the pipeline ------------------------------------------------------------------------------
 
 
-def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
-    """Build a directory under a temporary name, then rename it into place."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
-    try:
-        build(tmp)
-        if final.exists():  # built concurrently by someone else: theirs is identical
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _tokenize_batch(batch: dict, tokenizer: Tokenizer) -> dict:
     flat = [s for doc in batch["sentences"] for s in doc]
     encoded = tokenizer.encode_batch(flat, add_special_tokens=False) if flat else []
@@ -203,8 +188,9 @@ class PretrainData:
             t = time.perf_counter()
             self._documents = self.corpus.documents(self.cache_dir / "corpora" / self.corpus_key)
             if not self.corpus.streaming:
-                if len(self._documents) == 0:
-                    raise ValueError(f"the corpus ({self.corpus.describe()}) has no documents.")
+                if len(self._documents) < 2:
+                    raise CorpusError(f"the corpus ({self.corpus.describe()}) has {len(self._documents)} document(s); "
+                                      f"{self.corpus.few_documents_hint()}")
                 log.info("corpus: %s, %d documents (%.1fs)", self.corpus.describe(), len(self._documents),
                          time.perf_counter() - t)
         return self._documents
@@ -295,7 +281,7 @@ class PretrainData:
                     finally:
                         datasets.enable_progress_bars()
 
-                _atomic_dir(final, build)
+                atomic.build_dir(final, build, replace=False)
                 log.info("%s examples: built in %.1fs -> %s", split, time.perf_counter() - t, final)
             ds = datasets.load_from_disk(str(final))
         store = ExampleStore(ds.data.table)
@@ -521,7 +507,8 @@ class PretrainDataModule(L.LightningDataModule):
     def _loader(self, dataset, sampler=None, cls=DataLoader, **kwargs) -> DataLoader:
         return cls(
             dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(), **kwargs,
+            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+            worker_init_fn=worker_init, **kwargs,
         )
 
     def _global_step(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from pretrainlab import atomic
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.tokens import SpecialTokens
 
@@ -49,6 +50,10 @@ class TokenizerSpec:
     def __post_init__(self) -> None:
         if self.kind not in ("wordpiece", "bpe", "pretrained"):
             raise ValueError(f"tokenizer.kind must be wordpiece, bpe or pretrained, got {self.kind!r}.")
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 64:
+            raise ValueError(f"tokenizer.vocab_size={self.vocab_size!r}: must be an integer of at least 64.")
+        if not isinstance(self.min_frequency, int) or self.min_frequency < 1:
+            raise ValueError(f"tokenizer.min_frequency={self.min_frequency!r}: must be an integer of at least 1.")
         self.special_tokens = {**SPECIALS, **dict(self.special_tokens or {})}
         missing = set(SPECIALS) - set(self.special_tokens)
         if missing:
@@ -78,16 +83,20 @@ class TokenizerSpec:
     def get(self, sentences: Iterable[str], corpus_fingerprint: str, cache_dir: Path) -> Tokenizer:
         """Load the cached tokenizer for this corpus and spec, or train (or load) and cache it."""
         if self.kind == "pretrained":
-            tok = Tokenizer.from_file(str(self._pretrained_path()))
-            special_tokens(tok, self.special_tokens)  # validates the specials are there
+            path = self._pretrained_path()
+            tok = load_tokenizer(path, "Point tokenizer.path at a tokenizer.json saved by the tokenizers library.")
+            try:
+                special_tokens(tok, self.special_tokens)  # validates the specials are there
+            except ValueError as e:
+                raise TokenizerFileError(f"{path}: {e}") from None
             return tok
         path = self.cache_path(corpus_fingerprint, cache_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
             if path.is_file():
-                return Tokenizer.from_file(str(path))
+                return load_tokenizer(path, f"It is a cache entry: delete {path.parent} and run again to retrain it.")
             tok = self.train(sentences, workdir=path.parent)
-            atomic_write_text(path, tok.to_str())
+            atomic.write_text(path, tok.to_str())
         return tok
 
     def train(self, sentences: Iterable[str], workdir: str | Path | None = None) -> Tokenizer:
@@ -263,15 +272,18 @@ def special_tokens(tok: Tokenizer, names: dict | None = None) -> SpecialTokens:
                          sep_id=ids["sep"], mask_id=ids["mask"], is_continuation=continuation)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+class TokenizerFileError(ValueError):
+    """A file that should be a tokenizer.json and is not one."""
+
+
+def load_tokenizer(path: str | Path, fix: str) -> Tokenizer:
+    """``Tokenizer.from_file`` with an error that names the file, what is wrong and ``fix``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such tokenizer file. {fix}")
+    if path.stat().st_size == 0:
+        raise TokenizerFileError(f"{path} is empty (0 bytes). {fix}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for any parse error
+        raise TokenizerFileError(f"{path} is not a tokenizers tokenizer.json ({str(e).strip()[:200]}). {fix}") from None

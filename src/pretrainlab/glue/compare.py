@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrainlab import atomic
 from pretrainlab.glue.tasks import TASKS
 
 log = logging.getLogger("pretrainlab")
@@ -33,30 +34,65 @@ NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": 
          "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 
 
+class CompareError(ValueError):
+    """Results that cannot be put side by side without misreporting one of them."""
+
+
 def is_result(d: object) -> bool:
     return isinstance(d, dict) and "task" in d and "metrics" in d and "label" in d and "seed" in d
 
 
-def collect(sources: list[str]) -> list[dict]:
-    """Results from directories (searched recursively for results JSON files) and W&B projects."""
+def encoder_of(r: dict) -> dict:
+    """Who produced a result: ``id`` (the encoder's weights hash; for init=scratch, its architecture
+    and tokenizer), ``label`` (objective, ``scratch``, ``hf:<name>``), ``model`` (the model preset or
+    the encoder's shape), ``pretrain_seed`` and where it came from. Results written before the
+    hash was recorded are identified by their encoder's path."""
+    p = r.get("pretrained") or {}
+    label = r.get("label_override") or r["label"]
+    return {"id": p.get("encoder_id") or p.get("path") or label, "label": label, "model": p.get("model"),
+            "pretrain_seed": p.get("pretrain_seed"), "source": p.get("run_dir") or p.get("path") or "?"}
+
+
+def collect(sources: list[str], labels: dict[str, str] | None = None) -> list[dict]:
+    """Results from directories (searched recursively for results JSON files) and W&B projects.
+    ``labels`` (source -> name) relabels the results found under a source.
+
+    The same result reached twice (a run directory and its ``glue/``) counts once; two different
+    fine-tuning runs of one encoder, task and seed are refused, since one would hide the other."""
     results: list[dict] = []
+    labels = {str(Path(k).expanduser().resolve()) if not k.startswith("wandb:") else k: v
+              for k, v in (labels or {}).items()}
     for src in sources:
+        found: list[dict] = []
         if str(src).startswith("wandb:"):
-            results += collect_wandb(str(src)[len("wandb:"):])
-            continue
-        p = Path(src).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(f"{src}: no such results directory or file.")
-        files = [p] if p.is_file() else sorted(p.rglob("*.json"))
-        for f in files:
-            try:
-                d = json.loads(f.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-                continue
-            if is_result(d):
-                results.append(d)
-    # the same (label, task, seed) reached twice (e.g. a run dir and its glue/ dir): keep one
-    unique = {(r["label"], r["task"], r["seed"]): r for r in results}
+            found = collect_wandb(str(src)[len("wandb:"):])
+            key = str(src)
+        else:
+            p = Path(src).expanduser()
+            if not p.exists():
+                raise FileNotFoundError(f"{src}: no such results directory or file.")
+            key = str(p.resolve())
+            for f in [p] if p.is_file() else sorted(p.rglob("*.json")):
+                try:
+                    d = json.loads(f.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+                    continue
+                if is_result(d):
+                    d.setdefault("run_dir", str(f.parent))
+                    found.append(d)
+        for d in found:
+            if key in labels:
+                d["label_override"] = labels[key]
+        results += found
+    unique: dict[tuple, dict] = {}
+    for r in results:
+        k = (encoder_of(r)["id"], encoder_of(r)["label"], r["task"], r["seed"])
+        if k in unique and unique[k].get("run_dir") != r.get("run_dir"):
+            raise CompareError(
+                f"{r['task']} seed {r['seed']} of encoder {encoder_of(r)['source']} was fine-tuned twice: "
+                f"{unique[k].get('run_dir')} and {r.get('run_dir')}. Compare one of them (move the other away)."
+            )
+        unique[k] = r
     if not unique:
         raise FileNotFoundError(f"no GLUE results found in {', '.join(map(str, sources))}.")
     return list(unique.values())
@@ -75,8 +111,12 @@ def collect_wandb(project: str) -> list[dict]:
         metrics = {k[len(prefix):]: float(v) for k, v in run.summary.items()
                    if k.startswith(prefix) and k != prefix + "score"}
         if metrics:
+            pretrained = {k[len("pretrained."):]: v for k, v in run.config.items() if k.startswith("pretrained.")}
             results.append({"task": task, "seed": run.config.get("seed", 0), "metrics": metrics,
-                            "label": run.config.get("encoder_label", run.group or run.name)})
+                            "label": run.config.get("encoder_label", run.group or run.name),
+                            "pretrained": pretrained, "run_dir": f"wandb:{project}/{run.id}",
+                            "eval_examples": {k[len("eval_examples."):]: v for k, v in run.config.items()
+                                              if k.startswith("eval_examples.")} or None})
     return results
 
 
@@ -85,38 +125,121 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def aggregate(results: list[dict]) -> dict:
-    """{"labels", "tasks", "cells": {label: {task: {...}}}, "glue": {label: {...}}, "glue_tasks"}."""
-    by = defaultdict(lambda: defaultdict(list))
+def two_level(values: dict[str, list[float]]) -> tuple[float, float, float | None]:
+    """(mean, sd over fine-tuning seeds, sd over pretraining seeds) of scores grouped by encoder
+    (one pretraining seed each): the mean of the encoders' means; the fine-tuning sd pooled within
+    encoders (ddof 1; 0 when every encoder has one seed); the sd of the encoders' means (ddof 1;
+    None for a single encoder)."""
+    means = [float(np.mean(v)) for v in values.values()]
+    within = [float(np.var(v, ddof=1)) for v in values.values() if len(v) > 1]
+    sd_ft = float(np.sqrt(np.mean(within))) if within else 0.0
+    sd_pt = float(np.std(means, ddof=1)) if len(means) > 1 else None
+    return float(np.mean(means)), sd_ft, sd_pt
+
+
+def row_labels(results: list[dict]) -> dict[str, str]:
+    """Encoder id -> its row: the label, with the model when the results span several models.
+    Pretraining seeds of one (label, model) share a row; two encoders claiming the same label,
+    model and pretraining seed are refused."""
+    encoders = {}
     for r in results:
-        by[r["label"]][r["task"]].append(r)
-    labels = sorted(by, key=lambda x: (x == "scratch", x))
+        e = encoder_of(r)
+        encoders.setdefault(e["id"], e)
+    models = {e["model"] for e in encoders.values()}
+    several = len(models) > 1
+    rows, claimed = {}, {}
+    for eid, e in encoders.items():
+        row = f"{e['label']} ({e['model'] or '?'})" if several else e["label"]
+        rows[eid] = row
+        key = (row, e["pretrain_seed"])
+        if key in claimed and claimed[key]["id"] != eid:
+            other = claimed[key]
+            seed = "" if e["pretrain_seed"] is None else f", pretraining seed {e['pretrain_seed']}"
+            raise CompareError(
+                f"two different encoders are both '{row}'{seed}: {other['source']} and {e['source']}. Their results "
+                f"would be mixed in one row. Compare them in separate reports, or name them apart with "
+                f"--label <results dir>=<name>."
+            )
+        claimed[key] = e
+    return rows
+
+
+def _check_example_counts(results: list[dict]) -> None:
+    """Results of one task must be scored on the same examples."""
+    by_task: dict[str, dict] = defaultdict(dict)
+    for r in results:
+        counts = r.get("eval_examples")
+        if counts is None:
+            continue
+        by_task[r["task"]].setdefault(json.dumps(counts, sort_keys=True), r)
+    for task, seen in by_task.items():
+        if len(seen) > 1:
+            listed = "; ".join(f"{encoder_of(r)['source']}: {counts}" for counts, r in seen.items())
+            raise CompareError(f"{task} results were evaluated on different numbers of examples ({listed}); scores on "
+                               f"different dev sets are not comparable. Re-run them on the same data "
+                               f"(glue.max_eval_examples, glue.source).")
+
+
+def aggregate(results: list[dict]) -> dict:
+    """{"labels", "tasks", "cells": {label: {task: {...}}}, "glue": {label: {...}}, "glue_tasks",
+    "encoders": {label: [...]}}.
+
+    A cell's ``metrics`` and ``score`` are (mean, sd over fine-tuning seeds) and ``pretrain_sd``
+    the sd over pretraining seeds (None with one); see :func:`two_level`."""
+    _check_example_counts(results)
+    rows = row_labels(results)
+    by: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # row -> task -> encoder -> runs
+    encoders: dict = defaultdict(dict)
+    for r in results:
+        e = encoder_of(r)
+        by[rows[e["id"]]][r["task"]][e["id"]].append(r)
+        encoders[rows[e["id"]]][e["id"]] = {"pretrain_seed": e["pretrain_seed"], "source": e["source"]}
+    labels = sorted(by, key=lambda x: (x.startswith("scratch"), x))
     tasks = [t for t in ORDER if any(t in by[label] for label in labels)]
+
+    def score(r: dict) -> float:
+        return 100.0 * float(np.mean(list(r["metrics"].values())))
+
     cells: dict = {}
     for label in labels:
         cells[label] = {}
-        for task, runs in by[label].items():
-            names = list(runs[0]["metrics"])
-            metric_stats = {m: _mean_std([100.0 * r["metrics"][m] for r in runs]) for m in names}
-            score = _mean_std([100.0 * float(np.mean(list(r["metrics"].values()))) for r in runs])
-            cells[label][task] = {"metrics": metric_stats, "score": score, "seeds": sorted(r["seed"] for r in runs)}
+        for task, per_encoder in by[label].items():
+            names = list(next(iter(per_encoder.values()))[0]["metrics"])
+            metric_stats, pretrain_sd = {}, {}
+            for m in names:
+                mean, sd_ft, sd_pt = two_level({e: [100.0 * r["metrics"][m] for r in rs] for e, rs in per_encoder.items()})
+                metric_stats[m], pretrain_sd[m] = (mean, sd_ft), sd_pt
+            mean, sd_ft, sd_pt = two_level({e: [score(r) for r in rs] for e, rs in per_encoder.items()})
+            pretrain_sd["score"] = sd_pt
+            runs = [r for rs in per_encoder.values() for r in rs]
+            cells[label][task] = {"metrics": metric_stats, "score": (mean, sd_ft), "pretrain_sd": pretrain_sd,
+                                  "seeds": sorted(r["seed"] for r in runs), "encoders": len(per_encoder),
+                                  "eval_examples": runs[0].get("eval_examples")}
     glue_tasks = [t for t in tasks if t not in EXCLUDED_FROM_GLUE_SCORE and all(t in cells[lb] for lb in labels)]
     glue = {}
     for label in labels:
-        if glue_tasks:
-            means = [cells[label][t]["score"][0] for t in glue_tasks]
-            # the std of the GLUE score: over seeds present in every task
-            seeds = set.intersection(*(set(cells[label][t]["seeds"]) for t in glue_tasks))
-            per_seed = []
-            for s in sorted(seeds):
-                per_seed.append(np.mean([100.0 * np.mean(list(r["metrics"].values()))
-                                         for t in glue_tasks for r in by[label][t] if r["seed"] == s]))
-            glue[label] = {"score": (float(np.mean(means)), _mean_std(per_seed)[1] if per_seed else 0.0)}
-    return {"labels": labels, "tasks": tasks, "cells": cells, "glue": glue, "glue_tasks": glue_tasks}
+        if not glue_tasks:
+            continue
+        per_encoder = {}
+        for e in encoders[label]:
+            # a GLUE score per (encoder, fine-tuning seed) present in every task
+            seeds = set.intersection(*({r["seed"] for r in by[label][t].get(e, [])} for t in glue_tasks))
+            scores = [float(np.mean([score(r) for t in glue_tasks for r in by[label][t][e] if r["seed"] == s]))
+                      for s in sorted(seeds)]
+            if scores:
+                per_encoder[e] = scores
+        if per_encoder:
+            mean, sd_ft, sd_pt = two_level(per_encoder)
+        else:  # no fine-tuning seed ran every task: the mean of task means, without a spread
+            mean, sd_ft, sd_pt = float(np.mean([cells[label][t]["score"][0] for t in glue_tasks])), 0.0, None
+        glue[label] = {"score": (mean, sd_ft), "pretrain_sd": sd_pt}
+    return {"labels": labels, "tasks": tasks, "cells": cells, "glue": glue, "glue_tasks": glue_tasks,
+            "encoders": {label: list(encoders[label].values()) for label in labels}}
 
 
-def _fmt(ms: tuple[float, float]) -> str:
-    return f"{ms[0]:.1f} ± {ms[1]:.1f}"
+def _fmt(ms: tuple[float, float], pretrain_sd: float | None = None) -> str:
+    text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
+    return text if pretrain_sd is None else f"{text} [{pretrain_sd:.1f}]"
 
 
 def to_markdown(table: dict) -> str:
@@ -128,15 +251,21 @@ def to_markdown(table: dict) -> str:
         row = [label]
         for t in tasks:
             c = table["cells"][label].get(t)
-            row.append(" / ".join(_fmt(v) for v in c["metrics"].values()) if c else "–")
+            row.append(" / ".join(_fmt(v, c["pretrain_sd"][m]) for m, v in c["metrics"].items()) if c else "–")
         g = table["glue"].get(label)
-        row.append(_fmt(g["score"]) if g else "–")
+        row.append(_fmt(g["score"], g["pretrain_sd"]) if g else "–")
         lines.append("| " + " | ".join(row) + " |")
-    seeds = sorted({len(c["seeds"]) for lb in table["labels"] for c in table["cells"][lb].values()})
+    seeds = sorted({len(set(c["seeds"])) for lb in table["labels"] for c in table["cells"][lb].values()})
+    encoders = sorted({len(v) for v in table.get("encoders", {}).values()})
+    pretrain = ""
+    if any(n > 1 for n in encoders):
+        pretrain = (f", over {'/'.join(map(str, encoders))} pretraining seed(s) per row: the mean of the encoders' "
+                    f"means, ± the sd over fine-tuning seeds pooled within encoders, [the sd over pretraining seeds]")
     lines.append("")
     lines.append(f"Dev-set metrics x 100 after the last fine-tuning epoch, mean ± std over {'/'.join(map(str, seeds))} "
-                 f"seed(s). GLUE = mean task score (a task's score is the mean of its metrics) over "
-                 f"{', '.join(NAMES[t] for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in BERT.")
+                 f"fine-tuning seed(s){pretrain}. GLUE = mean task score (a task's score is the mean of its metrics) "
+                 f"over {', '.join(NAMES[t] for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
+                 f"BERT.")
     return "\n".join(lines)
 
 
@@ -148,18 +277,26 @@ def _metric_short(m: str) -> str:
 def to_csv(table: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["encoder", "task", "metric", "mean", "std", "seeds"])
+    w.writerow(["encoder", "task", "metric", "mean", "std", "std_pretrain", "seeds", "encoders"])
+
+    def sd(v: float | None) -> str:
+        return "" if v is None else f"{v:.4f}"
+
     for label in table["labels"]:
+        n_enc = len(table.get("encoders", {}).get(label, [])) or ""
         for t in table["tasks"]:
             c = table["cells"][label].get(t)
             if not c:
                 continue
             for m, (mean, std) in c["metrics"].items():
-                w.writerow([label, t, m, f"{mean:.4f}", f"{std:.4f}", len(c["seeds"])])
-            w.writerow([label, t, "score", f"{c['score'][0]:.4f}", f"{c['score'][1]:.4f}", len(c["seeds"])])
+                w.writerow([label, t, m, f"{mean:.4f}", f"{std:.4f}", sd(c["pretrain_sd"][m]), len(c["seeds"]),
+                            c["encoders"]])
+            w.writerow([label, t, "score", f"{c['score'][0]:.4f}", f"{c['score'][1]:.4f}", sd(c["pretrain_sd"]["score"]),
+                        len(c["seeds"]), c["encoders"]])
         if label in table["glue"]:
-            mean, std = table["glue"][label]["score"]
-            w.writerow([label, "glue", "score", f"{mean:.4f}", f"{std:.4f}", ""])
+            g = table["glue"][label]
+            w.writerow([label, "glue", "score", f"{g['score'][0]:.4f}", f"{g['score'][1]:.4f}", sd(g["pretrain_sd"]),
+                        "", n_enc])
     return out.getvalue()
 
 
@@ -192,22 +329,20 @@ def plot(table: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png")
     plt.close(fig)
-    return path
+    return atomic.write_bytes(path, buffer.getvalue())
 
 
 def write_report(results: list[dict], out_dir: str | Path) -> dict:
     """comparison.md, comparison.csv, comparison.png and comparison.json in ``out_dir``."""
-    from pretrainlab.data.tokenizer import atomic_write_text
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = aggregate(results)
-    atomic_write_text(out / "comparison.md", to_markdown(table) + "\n")
-    atomic_write_text(out / "comparison.csv", to_csv(table))
-    atomic_write_text(out / "comparison.json", json.dumps(table, indent=2))
+    atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
+    atomic.write_text(out / "comparison.csv", to_csv(table))
+    atomic.write_text(out / "comparison.json", json.dumps(table, indent=2))
     plot(table, out / "comparison.png")
     return table
 

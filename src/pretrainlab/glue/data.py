@@ -52,8 +52,12 @@ def _label_value(spec: TaskSpec, raw: str, where: str) -> float | int:
         raise GlueDataError(f"{where}: label {raw!r} is not one of {list(spec.labels)}.") from None
 
 
-def read_tsv(spec: TaskSpec, path: str | Path) -> GlueSplit:
-    """One GLUE TSV file, as ``download_glue_data.py`` writes it (no quoting: quotes are text)."""
+def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSplit:
+    """One GLUE TSV file, as ``download_glue_data.py`` writes it (no quoting: quotes are text).
+
+    A line with too few columns is skipped with a warning in a training file (QQP's has a few),
+    and fails the read when ``complete`` (evaluation files: a score on part of a dev set would be
+    compared with scores on all of it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -78,18 +82,24 @@ def read_tsv(spec: TaskSpec, path: str | Path) -> GlueSplit:
                 )
         start = 1
     need = max(i for i, _ in columns if i >= 0) + 1
-    text_a, text_b, labels, skipped = [], [], [], 0
+    text_a, text_b, labels, skipped = [], [], [], []
     for n, line in enumerate(lines[start:], start=start + 1):
         fields = line.split("\t")
         if len(fields) < need:
-            skipped += 1  # QQP's train file has a few broken lines
+            if complete:
+                raise GlueDataError(
+                    f"{path}, line {n}: {len(fields)} column(s), {spec.directory} needs at least {need}. An "
+                    f"evaluation file is read completely or not at all; repair the file (or fetch it again)."
+                )
+            skipped.append(n)  # QQP's train file has a few broken lines
             continue
         text_a.append(fields[spec.text_a[0]])
         if spec.text_b is not None:
             text_b.append(fields[spec.text_b[0]])
         labels.append(_label_value(spec, fields[spec.label[0]], f"{path}, line {n}"))
     if skipped:
-        log.warning("%s: skipped %d malformed line(s)", path, skipped)
+        log.warning("%s: skipped %d line(s) with too few columns (lines %s)", path, len(skipped),
+                    ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else ""))
     if not text_a:
         raise GlueDataError(f"{path} has no examples.")
     dtype = np.float32 if spec.is_regression else np.int64
@@ -105,7 +115,7 @@ def read_local(spec: TaskSpec, data_dir: str | Path) -> dict[str, GlueSplit]:
         )
     splits = {"train": read_tsv(spec, root / "train.tsv")}
     for split, (filename, _) in spec.eval_splits.items():
-        splits[split] = read_tsv(spec, root / filename)
+        splits[split] = read_tsv(spec, root / filename, complete=True)
     return splits
 
 

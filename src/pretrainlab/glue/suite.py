@@ -2,8 +2,10 @@
 
 Results go to ``<output_dir>/<task>/seed<k>.json`` (the run's own files, W&B included, to
 ``<output_dir>/<task>/seed<k>/``). A (task, seed) whose results file exists is not run again, so
-an interrupted suite continues where it stopped; a results file written for a different encoder is
-refused rather than mixed in. ``summary.json`` / ``summary.md`` aggregate the seeds.
+an interrupted suite continues where it stopped. Results are keyed by the encoder's identity (the
+hash of its weights, see ``finetune.encoder_identity``), not by its path: a results file written
+for another encoder, such as the earlier encoder of a run directory pretrained again, is refused
+rather than reported as this one's. ``summary.json`` / ``summary.md`` aggregate the seeds.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab import atomic
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.glue.tasks import get_task
+from pretrainlab.settings import check_finetuning
 
 log = logging.getLogger("pretrainlab")
 
@@ -49,10 +53,13 @@ def default_output_dir(pretrained: str, init: str) -> Path:
 def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
               task_overrides: dict | None = None) -> list[dict]:
     """Fine-tune ``cfg.pretrained`` on every (task, seed) not yet done; returns all results."""
-    from pretrainlab.finetune import run
+    from pretrainlab.finetune import encoder_identity, run
     from pretrainlab.train import hydra_choices
 
     output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
+    identity = encoder_identity(cfg.pretrained, cfg.init)
+    for name in tasks:  # every task's settings are checked before the first one runs
+        check_finetuning(OmegaConf.create({"task": task_config(name, task_overrides)}))
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for name in tasks:
@@ -61,7 +68,7 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
             path = output_dir / task.name / f"seed{seed}.json"
             if path.is_file():
                 done = json.loads(path.read_text())
-                _check_same_encoder(done, cfg, path)
+                _check_same_encoder(done, identity, cfg, path)
                 log.info("%s seed %d: done already (%s)", task.name, seed, path)
                 results.append(done)
                 continue
@@ -77,25 +84,25 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
     return results
 
 
-def _check_same_encoder(done: dict, cfg: DictConfig, path: Path) -> None:
+def _check_same_encoder(done: dict, identity: dict, cfg: DictConfig, path: Path) -> None:
     was = done.get("pretrained") or {}
-    same_init = was.get("init") == cfg.init
-    if str(cfg.pretrained).startswith("hf:"):
-        same_source = (done.get("config") or {}).get("pretrained") == cfg.pretrained
+    if was.get("encoder_id") == identity["encoder_id"] and was.get("init") == cfg.init:
+        return
+    if "encoder_id" not in was:
+        why = "was written before results recorded their encoder's hash, so it cannot be matched to this encoder"
+    elif was.get("init") != cfg.init:
+        why = f"holds init={was.get('init')} results, and this suite is init={cfg.init}"
     else:
-        same_source = was.get("path") == str(resolve_export_dir(cfg.pretrained).resolve())
-    if not (same_init and same_source):
-        raise ValueError(
-            f"{path} holds results of {was.get('path')} (init={was.get('init')}), not of pretrained={cfg.pretrained} "
-            f"init={cfg.init}. Use another output_dir for this encoder."
-        )
+        why = (f"holds results of another encoder (weights {str(was.get('weights_sha256'))[:12]}, this one's are "
+               f"{identity['weights_sha256'][:12]}: the encoder was pretrained again or replaced)")
+    raise ValueError(f"{path} {why}. Use another output_dir for this encoder, or move the old results away to run "
+                     f"them again.")
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
     from pretrainlab.glue.compare import aggregate, to_markdown
-    from pretrainlab.data.tokenizer import atomic_write_text
 
     table = aggregate(results)
-    atomic_write_text(output_dir / "summary.json", json.dumps(table, indent=2))
-    atomic_write_text(output_dir / "summary.md", to_markdown(table) + "\n")
+    atomic.write_text(output_dir / "summary.json", json.dumps(table, indent=2))
+    atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")
     log.info("summary -> %s\n%s", output_dir / "summary.md", to_markdown(table))

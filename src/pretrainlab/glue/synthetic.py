@@ -25,11 +25,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from pretrainlab import atomic
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.synthetic import NOUN_NUMBER, PREPOSITIONS, STAGES, VERB_AGREEMENT, SyntheticLanguage
 
@@ -319,19 +318,12 @@ class SyntheticGlue:
         root = Path(os.path.expanduser(str(cache_dir))) / "glue-synthetic" / fingerprint(self.key())
         if (root / "suite.json").is_file():
             return root
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tmp-"))
-        try:
+
+        def build(tmp: Path) -> None:
             self._generate(tmp)
             (tmp / "suite.json").write_text(json.dumps(self.key(), indent=2))
-            try:
-                os.replace(tmp, root)
-            except OSError:  # another process wrote it first
-                if not (root / "suite.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return root
+
+        return atomic.build_dir(root, build, replace=False)  # written at the same time by another: theirs
 
     def _generate(self, out: Path) -> None:
         language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pretrainlab.checkpoint import KEY as CHECKPOINT_KEY
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.objectives.base import Batch, Objective
 
@@ -109,8 +110,11 @@ def budget_lr_factor(progress: float, step_progress: float, warmup: float, warmu
 class PretrainModule(L.LightningModule):
     def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig,
                  max_steps: int, seq_len: int, seed: int = 0, on_nonfinite: str = "stop",
-                 budget: Budget | None = None):
+                 budget: Budget | None = None, run_info: dict | None = None):
+        """``run_info``: what checkpoints record of the run (objective and model settings), so that
+        a resumed run can be checked against it (``pretrainlab.checkpoint``)."""
         super().__init__()
+        self.run_info = run_info or {}
         self.budget = budget or Budget("steps", max_steps)
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite must be stop or skip, got {on_nonfinite!r}.")
@@ -244,6 +248,9 @@ class PretrainModule(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._batch_end = time.perf_counter()  # the first batch's wait includes starting the loader workers
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.run_info
 
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):

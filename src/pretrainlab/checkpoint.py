@@ -1,0 +1,117 @@
+"""Pretraining checkpoints: written atomically with ordinary permissions, read without running any
+code they might carry, and checked against the run that resumes them.
+
+A checkpoint holds, beside Lightning's state, ``checkpoint["pretrainlab"]``: the objective and
+the model it was trained with (:func:`run_info`). Resuming compares them with the resuming run's
+before anything is loaded, so a ``bert`` checkpoint is never continued as ``albert``.
+
+Checkpoints are only ever read with ``torch.load(weights_only=True)``: tensors and plain data.
+A file that needs more (a pickled object, which could run code as it loads) is refused.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from pretrainlab import atomic
+
+KEY = "pretrainlab"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that belongs to another kind of run."""
+
+
+def read(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint at ``path``, loaded as tensors and plain data only, on the CPU. ``mmap``:
+    map the tensors instead of reading them (cheap, to look at the metadata of a large file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file.")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): an interrupted copy or a full disk? Resume from "
+                              f"another checkpoint, or start the run afresh.")
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if not zipped:
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive; this file is "
+                              f"not one). Check the path.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise CheckpointError(f"{path} is corrupt ({_first_line(e)}).") from None
+        raise CheckpointError(
+            f"{path} holds Python objects other than tensors and plain data ({_unsupported(e)}). It is not "
+            f"loaded: unpickling them could run arbitrary code. pretrainlab checkpoints never need that; use a "
+            f"checkpoint written by pretrainlab."
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}). Resume from another "
+                              f"checkpoint, or start the run afresh.") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is a PyTorch file but not a training checkpoint (it has no state_dict).")
+    return checkpoint
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def _unsupported(e: BaseException) -> str:
+    for line in str(e).splitlines():
+        if "Unsupported global" in line or "GLOBAL" in line:
+            return line.strip()[:200]
+    return _first_line(e)
+
+
+def run_info(objective: dict, model: dict) -> dict:
+    """What a checkpoint records of its run: the objective's config and the encoder's."""
+    return {"objective": objective, "model": model}
+
+
+def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) -> dict:
+    """Read the checkpoint at ``path`` and refuse it when it was trained with another objective or
+    model than ``info`` (:func:`run_info`) describes; ``ignore``: model fields not known yet (the
+    vocabulary size, before the tokenizer). Returns the checkpoint (tensors mapped, not read)."""
+    checkpoint = read(path, mmap=True)
+    saved = checkpoint.get(KEY)
+    if saved is None:
+        return checkpoint  # written before checkpoints recorded their run; Lightning's own checks apply
+    for part in ("objective", "model"):
+        was, now = saved.get(part) or {}, info.get(part) or {}
+        skip = ignore if part == "model" else ()
+        changed = sorted(k for k in set(was) | set(now) if k not in skip and was.get(k) != now.get(k))
+        if not changed:
+            continue
+        if part == "objective" and was.get("name") != now.get("name"):
+            what = f"objective={was.get('name')}, and this run is objective={now.get('name')}"
+        else:
+            what = f"{part} settings " + ", ".join(f"{part}.{k}={was.get(k)!r} (this run: {now.get(k)!r})"
+                                                   for k in changed)
+        raise CheckpointError(
+            f"{path} was trained with {what}. A resumed run must continue the same training: resume with the "
+            f"checkpoint's settings, or start a new run (another hydra.run.dir, without ckpt_path)."
+        )
+    return checkpoint
+
+
+class CheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O, written through :mod:`pretrainlab.atomic` (a temporary file
+    beside the checkpoint, renamed onto it, with the umask's permissions) and read with
+    :func:`read` (``weights_only``, clear errors)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        atomic.write_with(Path(path), lambda f: torch.save(checkpoint, f))
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        return read(path)
+
+
+__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "read", "run_info"]

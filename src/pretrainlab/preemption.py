@@ -1,0 +1,124 @@
+"""Stopping a training run on a signal without losing it.
+
+SIGTERM (SLURM preemption or time limit, ``scancel``, ``kill``) and a first Ctrl-C (SIGINT) end a
+run the same way: the optimizer step in progress is finished, ``checkpoints/last.ckpt`` is written,
+and the process exits with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A second
+Ctrl-C stops at once, from the last checkpoint written.
+
+DataLoader worker processes ignore both signals (:func:`worker_init`). ``scancel``, a shell's
+``kill -TERM -<group>`` and a terminal's Ctrl-C signal the whole process group; a worker that died
+of it first would make the main process fail with "DataLoader worker ... killed by signal" before it
+could save. The workers are ended by their DataLoader when the main process is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+log = logging.getLogger("pretrainlab")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def worker_init(worker_id: int) -> None:
+    """``worker_init_fn`` of every DataLoader: leave SIGTERM and SIGINT to the main process (and
+    seed the worker as Lightning would, when ``seed_everything(workers=True)`` asked for it)."""
+    import os
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id)
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` without its end-of-training ``last.ckpt``: the run writes the final state
+    itself, and skips it when a signal stopped the run, whose checkpoint is the one to resume from."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass
+
+
+class SaveOnSignal(Callback):
+    """On SIGTERM or a first SIGINT: finish the optimizer step in progress, save ``last.ckpt``
+    (atomically) and stop training; ``stopped`` is then true and ``signum`` says which signal.
+
+    During training this replaces Lightning's SIGTERM handler (and Python's SIGINT handler) by one
+    that only records the signal; the decision is taken at the end of each optimizer step (under DDP
+    all ranks agree on it with one all-reduce), so every rank saves and stops at the same step. The
+    checkpoint is written from ``on_train_batch_end``, the point Lightning's own step checkpoints
+    are written from, so the resumed run repeats the uninterrupted one exactly, also when that step
+    closed an epoch or the signal came in the middle of a gradient accumulation. (Lightning's own
+    handler stops right after the micro-batch in which the signal arrived, mid-step under
+    accumulation, after the epoch has been closed at an epoch end, and under DDP runs a collective
+    inside the signal handler, which can deadlock the ranks.)
+
+    A KeyboardInterrupt that reaches Lightning (a second Ctrl-C, or one outside training) is
+    recorded too: ``signum`` is SIGINT and ``stopped`` false (nothing was saved)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.signum: int | None = None
+        self._step_at_start = -1
+        self._previous_sigint: Any = None
+        self.stopped = False
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.signum is None else 128 + int(self.signum)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if signum == signal.SIGINT:
+            log.warning("Ctrl-C: stopping after this optimizer step and saving %s (Ctrl-C again stops at once)",
+                        self.path)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.received_sigterm:  # a signal before training started
+            self.signum = signal.SIGTERM
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._request)  # Lightning restores its handlers at teardown
+            self._previous_sigint = signal.signal(signal.SIGINT, self._request)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_sigint()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt) and self.signum is None:
+            self.signum = signal.SIGINT
+        self._restore_sigint()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_at_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self._step_at_start:
+            return  # inside a gradient accumulation: the step is not finished
+        stop = self.signum is not None
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
+            if self.signum is None:  # another rank was signalled
+                self.signum = signal.SIGTERM
+            trainer.save_checkpoint(self.path)
+            self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
+
+
+__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "worker_init"]

@@ -1,0 +1,257 @@
+"""What is already written is never lost, overwritten, mixed with another run's, or executed:
+exports, run directories, checkpoints, caches and their permissions."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrainlab.checkpoint import CheckpointError
+from pretrainlab.export import export_encoder, load_encoder
+from pretrainlab.rundir import RunDirError
+from pretrainlab.train import run
+from tests.conftest import ROOT, SMALL, compose_train
+
+QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished run (roberta, 4 steps) that tests copy before changing anything in it."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        run(compose_train(*QUICK), out)
+    return out
+
+
+def export_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pretrainlab.export", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def listing(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+# --- exports ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["hf", "native"])
+def test_export_never_replaces_the_working_directory_or_a_foreign_one(trained, tmp_path, fmt):
+    work = tmp_path / "work"
+    (work / "notes").mkdir(parents=True)
+    (work / "notes" / "draft.txt").write_text("three weeks of notes")
+    (work / "results.csv").write_text("a,b\n1,2\n")
+    before = listing(work)
+    for force in ([], ["--force"]):  # the working directory is never replaced, not even with --force
+        out = export_cli(str(trained), ".", "--format", fmt, *force, cwd=work)
+        assert out.returncode != 0 and "working directory" in out.stderr, out.stderr
+        assert listing(work) == before
+    # nor a directory containing the source
+    out = export_cli(str(trained), str(trained.parent), "--format", fmt, "--force", cwd=tmp_path)
+    assert out.returncode != 0 and "the source" in out.stderr
+    assert (trained / "encoder" / "encoder.safetensors").is_file()
+
+    # a non-empty directory that is not an export: refused, then replaced with --force
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    out = export_cli(str(trained), str(foreign), "--format", fmt, cwd=tmp_path)
+    assert out.returncode != 0 and "--force" in out.stderr and (foreign / "keep.txt").read_text() == "mine"
+    assert export_cli(str(trained), str(foreign), "--format", fmt, "--force", cwd=tmp_path).returncode == 0
+    assert not (foreign / "keep.txt").exists() and (foreign / "config.json").is_file()
+    # an earlier export of the same format is replaced without --force
+    first = (foreign / "config.json").read_bytes()
+    assert export_cli(str(trained), str(foreign), "--format", fmt, cwd=tmp_path).returncode == 0
+    assert (foreign / "config.json").read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left beside it
+
+
+def test_an_export_killed_midway_leaves_nothing_behind_for_long(trained, tmp_path):
+    """A killed export leaves its temporary directory (up to a full copy of the weights); the next
+    export to the same place removes it."""
+    out = tmp_path / "hf"
+    script = (
+        "import sys, time\n"
+        "import pretrainlab.hf as hf\n"
+        "from pretrainlab.export import main\n"
+        "save = hf.save_file\n"
+        "def slow(*a, **k):\n"
+        "    save(*a, **k)\n"
+        "    print('weights written', flush=True)\n"
+        "    time.sleep(120)\n"
+        "hf.save_file = slow\n"
+        f"main([{str(trained)!r}, {str(out)!r}, '--format', 'hf'])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "weights written"
+    proc.kill()
+    proc.wait()
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".hf")]
+    assert left and any(f.name == "model.safetensors" for p in left for f in p.iterdir())
+    assert export_cli(str(trained), str(out), "--format", "hf", cwd=tmp_path).returncode == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_hf_export_takes_heads_only_from_a_checkpoint_of_the_exported_encoder(trained, tmp_path, caplog):
+    import transformers
+
+    other = tmp_path / "other"
+    run(compose_train(*QUICK, "seed=1"), other)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(trained, mixed)
+    shutil.copy(other / "checkpoints" / "last.ckpt", mixed / "checkpoints" / "last.ckpt")  # another run's heads
+    out = tmp_path / "hf"
+    from pretrainlab.hf import export_hf
+
+    export_hf(mixed, out)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert "holds another encoder" in caplog.text
+    export_hf(trained, tmp_path / "hf-own")  # its own checkpoint: the MLM head is exported
+    assert json.loads((tmp_path / "hf-own" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf-own", local_files_only=True)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+class _Planted:
+    """Creates a file when unpickled: a stand-in for code hidden in a checkpoint."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_never_run(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    marker = tmp_path / "code-ran"
+    good = torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)
+    torch.save({**good, "extra": _Planted(marker)}, copy / "checkpoints" / "last.ckpt")
+
+    from pretrainlab.hf import export_hf
+
+    with pytest.raises(CheckpointError, match="could run arbitrary code"):
+        export_hf(copy, tmp_path / "hf")
+    with pytest.raises(CheckpointError, match="last.ckpt holds Python objects"):
+        run(compose_train(*QUICK, "max_steps=8", "ckpt_path=last"), copy)
+    assert not marker.exists()
+    assert not (tmp_path / "hf").exists()
+    source = [p for p in (ROOT / "src").rglob("*.py")] + list((ROOT / "experiments").glob("*.py"))
+    assert not [p for p in source if "weights_only=False" in p.read_text()]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"is empty \(0 bytes\)"),
+    (b"this is not a checkpoint\n" * 10, "is not a PyTorch checkpoint"),
+    (None, "is truncated or corrupt"),
+])
+def test_a_damaged_checkpoint_is_named_with_its_problem(trained, tmp_path, content, message):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    last = copy / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 3] if content is None else content)
+    with pytest.raises(CheckpointError, match=message) as e:
+        run(compose_train(*QUICK, "max_steps=8", "ckpt_path=last"), copy)
+    assert str(last) in str(e.value) and "weights_only=False" not in str(e.value)
+
+
+def test_resuming_another_objectives_checkpoint_is_refused_before_any_work(trained, tmp_path, monkeypatch):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+
+    def no_work(*a, **k):
+        raise AssertionError("the corpus was read before the checkpoint was checked")
+
+    monkeypatch.setattr("pretrainlab.train.PretrainData", no_work)
+    with pytest.raises(CheckpointError, match="trained with objective=roberta, and this run is objective=electra"):
+        run(compose_train(*QUICK, "objective=electra", "ckpt_path=last"), copy)
+    with pytest.raises(CheckpointError, match=r"model settings .*model.hidden_size=128 \(this run: 256\)"):
+        run(compose_train(*QUICK, "model=mini", "ckpt_path=last"), copy)
+
+
+def test_a_damaged_tokenizer_file_is_named(trained, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"version": "1.0", "truncation": nul')
+    with pytest.raises(ValueError, match=f"{bad} is not a tokenizers tokenizer.json"):
+        run(compose_train(*[o for o in QUICK if not o.startswith("tokenizer.")], "tokenizer=pretrained",
+                          f"tokenizer.path={bad}"), tmp_path / "run")
+    copy = tmp_path / "export"
+    shutil.copytree(trained / "encoder", copy)
+    (copy / "tokenizer.json").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"tokenizer.json is empty \(0 bytes\). The export is damaged"):
+        load_encoder(copy)
+
+
+# --- run directories ----------------------------------------------------------------------------------
+def test_a_second_run_into_an_occupied_directory_is_refused_unless_it_resumes_or_overwrites(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    before = listing(copy)
+    with pytest.raises(RunDirError, match="already holds a run") as e:
+        run(compose_train(*QUICK, "seed=3"), copy)
+    assert "ckpt_path=last" in str(e.value) and "overwrite=true" in str(e.value)
+    assert listing(copy) == before
+
+    # the command line refuses before Hydra writes its .hydra/ files into the directory
+    cli = subprocess.run([sys.executable, "train.py", *QUICK, "seed=3", f"hydra.run.dir={copy}"], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert cli.returncode != 0 and "already holds a run" in cli.stderr
+    assert listing(copy) == before
+
+    # resuming it is allowed; overwrite=true starts afresh, with none of the old checkpoints left
+    run(compose_train(*QUICK, "max_steps=6", "ckpt_path=last"), copy)
+    assert torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    run(compose_train(*QUICK, "seed=3", "max_steps=2", "checkpoint_every=2", "overwrite=true"), copy)
+    assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["last.ckpt", "step=2.ckpt"]
+    assert torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_the_wandb_run_continues_only_when_the_run_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb = [o for o in QUICK if not o.startswith("logger=")] + ["logger=wandb"]
+    run(compose_train(*wandb), tmp_path)
+    first = (tmp_path / ".wandb_id").read_text()
+    run(compose_train(*wandb, "max_steps=6", "ckpt_path=last"), tmp_path)
+    assert (tmp_path / ".wandb_id").read_text() == first
+    run(compose_train(*wandb, "overwrite=true"), tmp_path)
+    assert (tmp_path / ".wandb_id").read_text() != first
+
+
+# --- permissions ------------------------------------------------------------------------------------------
+def test_outputs_follow_the_umask(tmp_path, monkeypatch):
+    """A group-shared umask (002) gives group-writable outputs: no 0600 file or 0700 directory."""
+    from pretrainlab.glue.compare import collect, write_report
+    from pretrainlab.glue.suite import run_suite
+    from tests.conftest import compose_config
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PRETRAINLAB_CACHE", str(cache))
+    previous = os.umask(0o002)
+    try:
+        run(compose_train(*QUICK), tmp_path / "run")
+        cfg = compose_config("glue", f"pretrained={tmp_path / 'run'}", "glue.source=synthetic",
+                             "glue.synthetic.scale=0.05", "logger=csv", "trainer.enable_progress_bar=false",
+                             "task_overrides.epochs=1", "task_overrides.max_seq_len=64")
+        run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
+        write_report(collect([str(tmp_path / "run")]), tmp_path / "report")
+        subprocess.run([sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(tmp_path / "hf")],
+                       check=True, capture_output=True)
+    finally:
+        os.umask(previous)
+    mine = [tmp_path / "run", cache, tmp_path / "report", tmp_path / "hf"]
+    paths = [p for root in mine for p in [root, *root.rglob("*")] if not p.is_symlink()]
+    assert any(p.name == "tokenizer.json" and cache in p.parents for p in paths)
+    assert any(p.name == "results.json" or p.name == "seed0.json" for p in paths)
+    wrong = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths
+             if stat.S_IMODE(p.stat().st_mode) & 0o060 != 0o060 and not p.name.endswith(".lock")
+             and "wandb" not in p.parts}
+    assert not wrong, wrong
