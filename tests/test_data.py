@@ -54,6 +54,45 @@ def test_text_files_one_document_per_file_or_per_blank_line(tmp_path):
     assert len(per_para) == 3
 
 
+def test_invalid_utf8_is_named_with_its_file_and_offset_or_replaced_on_request(tmp_path):
+    from pretrainlab.data.corpus import CorpusError
+
+    (tmp_path / "books").mkdir()
+    for i in range(3):
+        write(tmp_path / "books" / f"book{i}.txt", f"Book {i} begins. It goes on.\nAnd on.")
+    bad = tmp_path / "books" / "book1.txt"
+    bad.write_bytes(b"Book 1 begins.\nIt costs 5 \xa3 here.\n")  # a latin-1 pound sign
+    with pytest.raises(CorpusError) as e:
+        TextFiles(files=[str(tmp_path / "books")]).documents(tmp_path / "c1")
+    message = str(e.value)
+    assert str(bad) in message and "offset 26 (line 2)" in message and "data.encoding_errors=replace" in message
+    docs = TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").documents(tmp_path / "c2")
+    assert any("\ufffd" in s for doc in docs["sentences"] for s in doc) and len(docs) == 3
+    assert TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").fingerprint() != \
+        TextFiles(files=[str(tmp_path / "books")]).fingerprint()
+
+
+@pytest.mark.parametrize("blank_lines", [False, True])
+def test_a_one_document_corpus_is_refused_before_any_work_with_advice_that_fits(tmp_path, monkeypatch, blank_lines):
+    from pretrainlab.data.corpus import CorpusError
+
+    text = ("Sentence one of the only document. " * 50) + ("\n\n" if blank_lines else " ") + "More of it."
+    write(tmp_path / "one.txt", text)
+
+    def no_loading(*a, **k):
+        raise AssertionError("the file was loaded before its document count was checked")
+
+    monkeypatch.setattr("datasets.load_dataset", no_loading)
+    data = PretrainData(TextFiles(files=[str(tmp_path / "one.txt")]), TokenizerSpec(vocab_size=100), tmp_path)
+    with pytest.raises(CorpusError, match="one document") as e:
+        data.tokenizer  # noqa: B018 - training the tokenizer is the first thing that reads the corpus
+    if blank_lines:
+        assert "The text has blank lines: data.doc_split=blank_line" in str(e.value)
+    else:
+        assert "would not split it either" in str(e.value) and "add files" in str(e.value)
+    assert not list(tmp_path.rglob("tokenizer.json"))  # nothing was trained
+
+
 def test_jsonl_and_parquet_with_a_text_column(tmp_path):
     rows = [{"body": "Alpha one. Alpha two."}, {"body": "Beta one."}]
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

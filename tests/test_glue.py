@@ -106,6 +106,78 @@ def test_reader_errors_name_the_problem(tmp_path):
         get_task("glu")
 
 
+def test_an_evaluation_file_is_read_completely_or_not_at_all(suite_dir, tmp_path, caplog):
+    import shutil
+
+    copy = tmp_path / "glue"
+    shutil.copytree(suite_dir / "RTE", copy / "RTE")
+    dev = copy / "RTE" / "dev.tsv"
+    lines = dev.read_text().splitlines()
+    for i in range(1, len(lines), 3):  # a third of the rows lose their label column
+        lines[i] = "\t".join(lines[i].split("\t")[:3])
+    dev.write_text("\n".join(lines) + "\n")
+    with pytest.raises(GlueDataError, match=f"{dev}, line 2: 3 column\\(s\\), RTE needs at least 4"):
+        read_local(get_task("rte"), copy)
+    train = copy / "RTE" / "train.tsv"  # a training file keeps its parseable rows, with a warning
+    rows = train.read_text().splitlines()
+    train.write_text("\n".join(rows[:3] + ["7\tbroken"] + rows[3:]) + "\n")
+    assert len(read_tsv(get_task("rte"), train)) == len(rows) - 1
+    assert "skipped 1 line(s) with too few columns (lines 4)" in caplog.text
+
+
+def _result(label, model, pretrain_seed, encoder, task, seed, value, examples=277):
+    return {"task": task, "seed": seed, "label": label, "metrics": {"accuracy": value},
+            "pretrained": {"encoder_id": encoder, "model": model, "pretrain_seed": pretrain_seed,
+                           "run_dir": f"runs/{encoder}"},
+            "eval_examples": {"validation": examples}, "run_dir": f"runs/{encoder}/glue/{task}/seed{seed}"}
+
+
+def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregated():
+    from pretrainlab.glue.compare import CompareError, aggregate
+
+    tiny = [_result("roberta", "tiny", 0, "t0", "rte", s, v) for s, v in [(0, 0.473), (1, 0.480)]]
+    mini = [_result("roberta", "mini", 0, "m0", "rte", s, v) for s, v in [(0, 0.527), (1, 0.540)]]
+    one, other = aggregate(tiny + mini), aggregate(mini + tiny)
+    assert one == other and one["labels"] == ["roberta (mini)", "roberta (tiny)"]
+    assert one["cells"]["roberta (tiny)"]["rte"]["score"][0] == pytest.approx(47.65)
+    assert one["cells"]["roberta (mini)"]["rte"]["score"][0] == pytest.approx(53.35)
+
+    # two pretraining seeds of one kind share a row; both spreads are reported
+    seeds = [_result("bert", "tiny", p, f"b{p}", "rte", s, v)
+             for p, vs in [(0, [0.50, 0.52, 0.54]), (1, [0.60, 0.62, 0.64])] for s, v in enumerate(vs)]
+    cell = aggregate(seeds)["cells"]["bert"]["rte"]
+    assert cell["score"][0] == pytest.approx(57.0) and cell["encoders"] == 2
+    assert cell["score"][1] == pytest.approx(2.0)  # within an encoder, over fine-tuning seeds
+    assert cell["pretrain_sd"]["score"] == pytest.approx(np.std([52.0, 62.0], ddof=1))
+
+    clash = [_result("roberta", "tiny", 0, "t1", "rte", 0, 0.9)]  # another encoder, same name and seed
+    with pytest.raises(CompareError, match="two different encoders are both 'roberta', pretraining seed 0"):
+        aggregate(tiny + clash)
+    fewer = [_result("roberta", "mini", 0, "m0", "rte", 2, 0.6, examples=185)]
+    with pytest.raises(CompareError, match="rte results were evaluated on different numbers of examples"):
+        aggregate(tiny + mini + fewer)
+
+
+def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    for name, encoder, value in (("a", "e1", 0.5), ("b", "e2", 0.7)):
+        d = tmp_path / name / "glue" / "rte"
+        d.mkdir(parents=True)
+        (d / "seed0.json").write_text(json.dumps(_result("roberta", "tiny", 0, encoder, "rte", 0, value)))
+    cmd = [sys.executable, "experiments/compare.py", str(tmp_path / "a"), str(tmp_path / "b"), "--wandb", "disabled",
+           "--out", str(tmp_path / "cmp")]
+    refused = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2 and "--label" in refused.stderr and not (tmp_path / "cmp").exists()
+    named = subprocess.run(cmd + ["--label", f"{tmp_path / 'b'}=roberta-long"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert named.returncode == 0, named.stderr
+    assert "| roberta |" in named.stdout and "| roberta-long |" in named.stdout
+
+
 def test_encoding_pairs_segments_and_longest_first_truncation():
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -192,6 +264,27 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     assert "| roberta |" in md and "| scratch |" in md and "WNLI excluded" in md
     assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert "mrpc,f1" in (tmp_path / "cmp" / "comparison.csv").read_text().replace("roberta,", "")
+
+
+def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_ones(tmp_path, monkeypatch):
+    """Finished results are keyed by the hash of the encoder's weights, not by its directory."""
+    import shutil
+
+    from pretrainlab.glue import suite
+    from pretrainlab.train import run
+    from tests.conftest import SMALL, compose_config, compose_train
+
+    quick = [*SMALL, "max_steps=3", "val_every=3", "checkpoint_every=3"]
+    run(compose_train(*quick), tmp_path / "run")
+    run(compose_train(*quick, "seed=1"), tmp_path / "other")
+    cfg = compose_config("glue", f"pretrained={tmp_path / 'run'}", *FAST, "glue.synthetic.scale=0.05")
+    first = suite.run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
+    assert first[0]["pretrained"]["encoder_id"] == first[0]["pretrained"]["weights_sha256"]
+    shutil.rmtree(tmp_path / "run" / "encoder")  # the directory now holds another encoder
+    shutil.copytree(tmp_path / "other" / "encoder", tmp_path / "run" / "encoder")
+    monkeypatch.setattr("pretrainlab.finetune.run", lambda *a, **k: pytest.fail("ran instead of refusing"))
+    with pytest.raises(ValueError, match="holds results of another encoder"):
+        suite.run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
 
 
 def test_finetune_cli_and_compare_cli_offline(pretrained_run, tmp_path):

@@ -165,10 +165,14 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     assert seeds["global_step"] == 5 and not same_loss(losses(tmp_path / "seed1")[1], reference[1])  # other masks
 
 
-def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def _start(run_dir: Path, *overrides: str, group: bool = False, env: dict | None = None,
+           stderr=subprocess.PIPE) -> subprocess.Popen:
+    """``python train.py`` in the background; ``group``: in a process group of its own, as a job
+    under SLURM or a command in a terminal (a signal to the group reaches its DataLoader workers)."""
     cmd = [sys.executable, "train.py", *RESUME, *overrides, f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "WANDB_MODE": "disabled", **(env or {})}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                            start_new_session=group)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -218,15 +222,31 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
 
 
 # the real signals, to a 2-process DDP run (single-process SIGKILL is the in-process crash test above)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig):
-    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
-    steps = ["max_steps=40"]
-    ref = _start(tmp_path / "full", *ddp, *steps)
-    assert ref.wait() == 0, ref.stderr.read()[-3000:]
-    reference = losses(tmp_path / "full")
+DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
-    proc = _start(tmp_path / "killed", *ddp, *steps)
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory) -> dict[int, float]:
+    """The losses of an uninterrupted 2-process run of 40 steps."""
+    out = tmp_path_factory.mktemp("ddp-reference")
+    ref = _start(out, *DDP, "max_steps=40")
+    assert ref.wait() == 0, ref.stderr.read()[-3000:]
+    reference = losses(out)
+    assert sorted(reference) == list(range(40))
+    return reference
+
+
+def _resumes_exactly(run_dir: Path, reference: dict[int, float], start: int, *overrides: str) -> None:
+    resumed_proc = _start(run_dir, *overrides, "max_steps=40", "ckpt_path=last")
+    assert resumed_proc.wait() == 0, resumed_proc.stderr.read()[-3000:]
+    resumed = losses(run_dir)
+    for s in range(start, 40):
+        assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, ddp_reference):
+    proc = _start(tmp_path / "killed", *DDP, "max_steps=40")
     _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
     proc.send_signal(sig)
     code = proc.wait(timeout=300)
@@ -238,12 +258,61 @@ def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig):
     else:
         # killed right after step=20.ckpt was written: last.ckpt holds step 10 or 20 (or later ones)
         assert code == -signal.SIGKILL and last % 10 == 0 and 10 <= last < 40
-    resumed_proc = _start(tmp_path / "killed", *ddp, *steps, "ckpt_path=last")
-    assert resumed_proc.wait() == 0, resumed_proc.stderr.read()[-3000:]
-    resumed = losses(tmp_path / "killed")
-    assert sorted(reference) == list(range(40))
-    for s in range(last, 40):
-        assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
+    _resumes_exactly(tmp_path / "killed", ddp_reference, last, *DDP)
+
+
+@pytest.fixture(scope="module")
+def reference_losses(tmp_path_factory) -> dict[int, float]:
+    """The losses of an uninterrupted one-process run of 40 steps."""
+    out = tmp_path_factory.mktemp("reference")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        run(compose_train(*RESUME, "max_steps=40"), out)
+    return losses(out)
+
+
+@pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp"])
+def test_sigterm_to_the_whole_process_group_saves_the_current_step(tmp_path, ddp, reference_losses, ddp_reference):
+    """What SLURM preemption and scancel do: every process of the job gets SIGTERM, the DataLoader
+    workers (one per rank here) included. The workers leave it to their main process, which
+    finishes its step, saves and exits 143; the run resumes exactly."""
+    args = [*(DDP if ddp else []), "num_workers=1", "max_steps=40"]
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = _start(tmp_path / "killed", *args, group=True, stderr=err)
+        _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    log = (tmp_path / "stderr.txt").read_text()
+    assert code == 143, log[-3000:]
+    assert "killed by signal" not in log
+    last = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 20 <= last < 40
+    _resumes_exactly(tmp_path / "killed", ddp_reference if ddp else reference_losses, last,
+                     *(DDP if ddp else []))
+
+
+def test_ctrl_c_saves_the_current_step_marks_the_wandb_run_and_says_how_to_resume(tmp_path, reference_losses):
+    import json
+
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = _start(run_dir, "num_workers=1", "max_steps=40", "logger=wandb", group=True, stderr=err,
+                      env={"WANDB_MODE": "offline"})
+        _wait_for(run_dir / "checkpoints" / "step=20.ckpt", proc)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+        code = proc.wait(timeout=300)
+    log = (tmp_path / "stderr.txt").read_text() + (run_dir / "train.log").read_text()
+    assert code == 130, log[-3000:]
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 20 <= last < 40
+    assert f"hydra.run.dir={run_dir} ckpt_path=last" in log and f"saved at step {last}" in log
+    offline = next((run_dir / "wandb").glob("offline-run-*"))
+    inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
+                               capture_output=True, text=True)
+    state = json.loads(inspected.stdout)
+    assert state["exit_code"] == 130 and state["state"] != "finished", state
+    assert "interrupted" in state["tags"] and state["summary"]["stopped"] == "interrupted"
+    _resumes_exactly(run_dir, reference_losses, last)
 
 
 # --- failures that must not corrupt anything ----------------------------------------------------------

@@ -108,6 +108,31 @@ def test_bad_settings_fail_early_with_a_clear_message(tmp_path, overrides, messa
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("override, message", [
+    ("checkpoint_every=0", "checkpoint_every=0: must be an integer of at least 1"),
+    ("val_every=0", "val_every=0: must be an integer of at least 1"),
+    ("batch_size=0", "batch_size=0: must be an integer of at least 1"),
+    ("device_batch_size=0", "device_batch_size=0: must be null or an integer of at least 1"),
+    ("max_seq_len=4", "max_seq_len=4: must be an integer of at least 8"),
+    ("num_workers=-1", "num_workers=-1: must be an integer of at least 0"),
+    ("val_fraction=1.5", "val_fraction=1.5: must be a number between 0 and 1"),
+    ("optim.lr=0", "optim.lr=0: must be positive"),
+    ("budget.tokens=-5", "budget.tokens=-5: must be positive"),
+    ("objective.mask_rate=1.5", "objective.mask_rate must be in"),
+    ("model.num_heads=3", "not divisible by model.num_heads=3"),
+])
+def test_every_numeric_setting_is_checked_before_any_work(tmp_path, monkeypatch, override, message):
+    def no_work(*a, **k):
+        raise AssertionError("the corpus was read before the settings were checked")
+
+    monkeypatch.setattr("pretrainlab.train.PretrainData", no_work)
+    with pytest.raises(Exception, match=message) as e:
+        run(compose_train(*SMALL, "max_steps=2", override), tmp_path)
+    assert not isinstance(e.value, (AssertionError, ZeroDivisionError))
+    assert "conf/" in str(e.value) or "." in override  # the settings of conf/train.yaml say where they are set
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
 def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     good = tmp_path / "run"
     run(compose_train(*SMALL, "max_steps=4", "checkpoint_every=4", "val_every=4", "export=false"), good)

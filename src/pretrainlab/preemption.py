@@ -117,7 +117,7 @@ class SaveOnSignal(Callback):
         if stop:
             if self.signum is None:  # another rank was signalled
                 self.signum = signal.SIGTERM
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)
             self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
 

@@ -337,9 +337,8 @@ def plot(table: dict, path: Path) -> Path:
 
 def write_report(results: list[dict], out_dir: str | Path) -> dict:
     """comparison.md, comparison.csv, comparison.png and comparison.json in ``out_dir``."""
+    table = aggregate(results)  # refuses what cannot be compared before anything is written
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    table = aggregate(results)
     atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
     atomic.write_text(out / "comparison.csv", to_csv(table))
     atomic.write_text(out / "comparison.json", json.dumps(table, indent=2))
