@@ -23,6 +23,13 @@ from pretrainlab import atomic
 KEY = "pretrainlab"
 
 
+def save(trainer, path: str | Path) -> None:
+    """Save the trainer's full state (weights, optimizer, loops) to ``path``, through the run's
+    ``CheckpointIO``. (Lightning's ``weights_only`` flag, passed as False here, is about what is
+    saved; it would otherwise log that it was not set.)"""
+    trainer.save_checkpoint(path, False)
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that belongs to another kind of run."""
 
@@ -114,4 +121,4 @@ class CheckpointIO(TorchCheckpointIO):
         return read(path)
 
 
-__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "read", "run_info"]
+__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "read", "run_info", "save"]

@@ -22,6 +22,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from pretrainlab.checkpoint import save as save_checkpoint
+
 log = logging.getLogger("pretrainlab")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -117,7 +119,7 @@ class SaveOnSignal(Callback):
         if stop:
             if self.signum is None:  # another rank was signalled
                 self.signum = signal.SIGTERM
-            trainer.save_checkpoint(self.path, weights_only=False)
+            save_checkpoint(trainer, self.path)
             self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
 

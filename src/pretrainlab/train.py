@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.checkpoint import CheckpointIO, check_resumable, run_info
+from pretrainlab.checkpoint import save as save_checkpoint
 from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
 from pretrainlab.data.tokenizer import special_tokens
 from pretrainlab.export import export_encoder
@@ -235,7 +236,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
             log.warning("%s: %s. Resume with:\n  %s", name, saved, resume_command(run_dir))
             raise SystemExit(exit_code) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
-            trainer.save_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=False)  # the final state
+            save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")  # the final state
         result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         result["global_step"] = trainer.global_step
         result["run_dir"] = str(run_dir)
