@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.finetune import run
+    from pretrainlab.finetuning.run import run
 
     run(cfg)
 

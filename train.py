@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.train import run
+    from pretrainlab.pretraining.run import run
 
     run(cfg)
 

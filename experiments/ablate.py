@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="ablate")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.study import run_study
+    from pretrainlab.studies.ablation import run_study
 
     run_study(cfg)
 

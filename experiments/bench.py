@@ -194,7 +194,7 @@ class Case:
                  device: str, compile_: bool, malloc: str = "keep"):
         import torch
 
-        from pretrainlab.memory import keep_freed_memory
+        from pretrainlab.runtime.malloc import keep_freed_memory
 
         if malloc == "keep":
             keep_freed_memory()
@@ -204,7 +204,7 @@ class Case:
                  for k, v in make_batch(objective, seq_len, batch_size).items()}
         self.impl, self.objective, self.precision, self.device = impl, objective_name, precision, device
         self.n_tokens = int(batch["attention_mask"].sum())
-        self.useful_flops = objective.flops_per_token(encoder, seq_len) * self.n_tokens  # the same count for both
+        self.useful_flops = objective.flops_per_token(encoder.config, seq_len) * self.n_tokens  # the same count for both
         if impl == "ours":
             encoder.to(device), objective.to(device)
             params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
@@ -325,8 +325,10 @@ def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, wo
     import shutil
 
     from pretrainlab.data.corpus import TextFiles
-    from pretrainlab.data.pretrain import PretrainData, PretrainDataModule
-    from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
+    from pretrainlab.data.datamodule import PretrainDataModule
+    from pretrainlab.data.pipeline import PretrainData
+    from pretrainlab.data.tokenizer import TokenizerSpec
+    from pretrainlab.tokens import special_tokens
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("    %(message)s"))
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile our encoder (warm-up cost reported)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
-                        help="keep: freed memory is kept for reuse (pretrainlab.memory, as in training), both sides; "
+                        help="keep: freed memory is kept for reuse (pretrainlab.runtime.malloc, as in training), both sides; "
                              "default: glibc's defaults")
     parser.add_argument("--data", default=None, help="a corpus (file or directory) to time the data pipeline on")
     parser.add_argument("--workers", type=int, default=1)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="glue")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.glue.suite import run_suite
+    from pretrainlab.studies.suite import run_suite
 
     run_suite(cfg, list(cfg.tasks), [int(s) for s in cfg.seeds], cfg.output_dir,
               OmegaConf.to_container(cfg.task_overrides, resolve=True))

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
-from pretrainlab.train import build_objective
+from pretrainlab.pretraining.run import build_objective
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, ROOT, compose_config, compose_train
 

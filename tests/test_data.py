@@ -9,10 +9,12 @@ import pytest
 from tokenizers import Tokenizer, trainers
 
 from pretrainlab.data.corpus import HubCorpus, SyntheticCorpus, TextFiles, split_sentences, strip_gutenberg_boilerplate
-from pretrainlab.data.pretrain import EpochBatches, PretrainData
+from pretrainlab.data.batches import EpochBatches
+from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.data.synthetic import STAGES
-from pretrainlab.data.tokenizer import SPECIALS, ContinuationScan, TokenizerSpec, single_char_pieces, special_tokens
-from pretrainlab.objectives.pairs import PackedBlocks
+from pretrainlab.data.tokenizer import ContinuationScan, TokenizerSpec, single_char_pieces
+from pretrainlab.tokens import SPECIALS, special_tokens
+from pretrainlab.data.packing import PackedBlocks
 
 
 def test_sentence_splitting():
@@ -140,7 +142,7 @@ def test_tokenizer_and_tokenized_corpus_are_cached(tmp_path, monkeypatch):
         raise AssertionError("recomputed although cached")
 
     monkeypatch.setattr(TokenizerSpec, "train", boom)
-    monkeypatch.setattr("pretrainlab.data.pretrain._tokenize_batch", boom)
+    monkeypatch.setattr("pretrainlab.data.pipeline._tokenize_batch", boom)
     second = PretrainData(corpus, spec, tmp_path)
     assert second.tokenizer.to_str() == first.tokenizer.to_str()
     assert np.array_equal(second.tokenized.tokens, docs1.tokens)
@@ -261,7 +263,7 @@ def test_streamed_corpus_trains_end_to_end(tmp_path):
     from omegaconf import OmegaConf
 
     from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
-    from pretrainlab.train import run
+    from pretrainlab.pretraining.run import run
     from tests.conftest import SMALL, compose_train
 
     texts = generate_documents(400, 8, 12, SyntheticLanguage(seed=5))

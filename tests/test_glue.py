@@ -184,7 +184,7 @@ def test_encoding_pairs_segments_and_longest_first_truncation():
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij"))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    from pretrainlab.data.tokenizer import special_tokens
+    from pretrainlab.tokens import special_tokens
     from pretrainlab.glue.data import GlueSplit
 
     tokens = special_tokens(tok)
@@ -208,7 +208,7 @@ FAST = ["glue.source=synthetic", "glue.synthetic.scale=0.25", "logger=csv", "tra
 
 @pytest.fixture(scope="module")
 def pretrained_run(tmp_path_factory):
-    from pretrainlab.train import run
+    from pretrainlab.pretraining.run import run
     from tests.conftest import SMALL, compose_train
 
     out = tmp_path_factory.mktemp("pretrain")
@@ -219,7 +219,7 @@ def pretrained_run(tmp_path_factory):
 
 
 def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
-    from pretrainlab.glue import suite
+    from pretrainlab.studies import suite
     from pretrainlab.glue.compare import collect, write_report
     from tests.conftest import compose_config
 
@@ -242,7 +242,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("a finished (task, seed) was run again")
 
-    monkeypatch.setattr("pretrainlab.finetune.run", fail)
+    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
     cfg = compose_config("glue", f"pretrained={pretrained_run}", *FAST)
     assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
     # the same encoder named by its export directory is the same; results of another are not mixed in
@@ -270,8 +270,8 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
     """Finished results are keyed by the hash of the encoder's weights, not by its directory."""
     import shutil
 
-    from pretrainlab.glue import suite
-    from pretrainlab.train import run
+    from pretrainlab.studies import suite
+    from pretrainlab.pretraining.run import run
     from tests.conftest import SMALL, compose_config, compose_train
 
     quick = [*SMALL, "max_steps=3", "val_every=3", "checkpoint_every=3"]
@@ -282,7 +282,7 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
     assert first[0]["pretrained"]["encoder_id"] == first[0]["pretrained"]["weights_sha256"]
     shutil.rmtree(tmp_path / "run" / "encoder")  # the directory now holds another encoder
     shutil.copytree(tmp_path / "other" / "encoder", tmp_path / "run" / "encoder")
-    monkeypatch.setattr("pretrainlab.finetune.run", lambda *a, **k: pytest.fail("ran instead of refusing"))
+    monkeypatch.setattr("pretrainlab.finetuning.run.run", lambda *a, **k: pytest.fail("ran instead of refusing"))
     with pytest.raises(ValueError, match="holds results of another encoder"):
         suite.run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
 

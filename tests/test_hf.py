@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pretrainlab.export import load_encoder
-from pretrainlab.train import run
+from pretrainlab.pretraining.run import run
 from tests.conftest import ROOT, SMALL, compose_train
 
 import transformers  # a dev dependency (pip install pretrainlab[hf] for users)
@@ -74,7 +74,7 @@ def minilm_dir() -> Path:
 
 
 def test_a_real_bert_checkpoint_imports_with_identical_hidden_states():
-    from pretrainlab.hf import load_hf_encoder
+    from pretrainlab.export.hf import load_hf_encoder
 
     d = minilm_dir()
     encoder, tokenizer, tokens, source = load_hf_encoder(d)
@@ -97,7 +97,7 @@ def test_a_real_bert_checkpoint_imports_with_identical_hidden_states():
 
 
 def test_a_real_bert_checkpoint_fine_tunes_through_the_glue_pipeline(tmp_path):
-    from pretrainlab.finetune import run as finetune
+    from pretrainlab.finetuning.run import run as finetune
     from tests.conftest import compose_config
 
     cfg = compose_config("finetune", f"pretrained=hf:{minilm_dir()}", "task=rte", "glue.source=synthetic",

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from pretrainlab.train import run
+from pretrainlab.pretraining.run import run
 from tests.conftest import compose_train
 
 LEARN = ["model=tiny", "max_seq_len=64", "batch_size=32", "logger=csv", "num_workers=0", "optim.lr=2.0e-3",
@@ -17,8 +17,9 @@ LEARN = ["model=tiny", "max_seq_len=64", "batch_size=32", "logger=csv", "num_wor
 def unigram_baseline() -> float:
     """Accuracy of always predicting the most frequent non-special token of the corpus."""
     from pretrainlab.data.corpus import SyntheticCorpus
-    from pretrainlab.data.pretrain import PretrainData
-    from pretrainlab.data.tokenizer import TokenizerSpec, special_tokens
+    from pretrainlab.data.pipeline import PretrainData
+    from pretrainlab.data.tokenizer import TokenizerSpec
+    from pretrainlab.tokens import special_tokens
 
     data = PretrainData(SyntheticCorpus(), TokenizerSpec(), os.environ["PRETRAINLAB_CACHE"])
     counts = np.bincount(data.tokenized.tokens, minlength=data.tokenizer.get_vocab_size())

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrainlab.objectives.base import MaskedLMCollator
+from pretrainlab.objectives.masked_lm import MaskedLMCollator
 from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
 from pretrainlab.tokens import SpecialTokens
 

@@ -4,13 +4,13 @@ import sys
 
 import pytest
 
-from pretrainlab.memory import keep_freed_memory
+from pretrainlab.runtime.malloc import keep_freed_memory
 
 # Allocates and frees 64 MB and 16 MB tensors, as a training step does with its activations, and
 # prints the page faults of 10 such steps after 10 warm-up steps.
 SCRIPT = """
 import resource, sys, torch
-from pretrainlab.memory import keep_freed_memory
+from pretrainlab.runtime.malloc import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def step():

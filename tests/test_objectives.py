@@ -9,7 +9,7 @@ from pretrainlab.objectives.albert import NgramMaskingCollator
 from pretrainlab.objectives.bert import BERT
 from pretrainlab.objectives.electra import ELECTRA
 from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, select_ngrams, word_spans
-from pretrainlab.objectives.pairs import SentencePairs
+from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import compose_train
 from hydra.utils import instantiate
@@ -225,8 +225,8 @@ def test_every_objective_reports_flops_and_electra_counts_its_generator():
     enc = Encoder(cfg)
     from pretrainlab.objectives.roberta import RoBERTa
 
-    roberta = RoBERTa(cfg, tokens).flops_per_token(enc, 128)
-    electra = ELECTRA(cfg, tokens).flops_per_token(enc, 128)
+    roberta = RoBERTa(cfg, tokens).flops_per_token(cfg, 128)
+    electra = ELECTRA(cfg, tokens).flops_per_token(cfg, 128)
     # the last layer runs at the masked rows only (and [CLS], for the pooler); the head adds its own
     assert roberta > enc.flops_per_token(128, 0.15) > 0
     assert enc.flops_per_token(128, 0.15) < enc.flops_per_token(128)

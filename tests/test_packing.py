@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pretrainlab.objectives.pairs import PackedBlocks
+from pretrainlab.data.packing import PackedBlocks
 from tests.conftest import random_documents
 
 CLS, SEP = 2, 3

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrainlab.checkpoint import CheckpointError
+from pretrainlab.runtime.checkpoints import CheckpointError
 from pretrainlab.export import export_encoder, load_encoder
-from pretrainlab.rundir import RunDirError
-from pretrainlab.train import run
+from pretrainlab.runtime.rundir import RunDirError
+from pretrainlab.pretraining.run import run
 from tests.conftest import ROOT, SMALL, compose_train
 
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
@@ -79,7 +79,7 @@ def test_an_export_killed_midway_leaves_nothing_behind_for_long(trained, tmp_pat
     out = tmp_path / "hf"
     script = (
         "import sys, time\n"
-        "import pretrainlab.hf as hf\n"
+        "import pretrainlab.export.hf as hf\n"
         "from pretrainlab.export import main\n"
         "save = hf.save_file\n"
         "def slow(*a, **k):\n"
@@ -108,7 +108,7 @@ def test_hf_export_takes_heads_only_from_a_checkpoint_of_the_exported_encoder(tr
     shutil.copytree(trained, mixed)
     shutil.copy(other / "checkpoints" / "last.ckpt", mixed / "checkpoints" / "last.ckpt")  # another run's heads
     out = tmp_path / "hf"
-    from pretrainlab.hf import export_hf
+    from pretrainlab.export.hf import export_hf
 
     export_hf(mixed, out)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
@@ -136,7 +136,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_never_run(trained, tmp_path):
     good = torch.load(copy / "checkpoints" / "last.ckpt", weights_only=True)
     torch.save({**good, "extra": _Planted(marker)}, copy / "checkpoints" / "last.ckpt")
 
-    from pretrainlab.hf import export_hf
+    from pretrainlab.export.hf import export_hf
 
     with pytest.raises(CheckpointError, match="could run arbitrary code"):
         export_hf(copy, tmp_path / "hf")
@@ -171,7 +171,7 @@ def test_resuming_another_objectives_checkpoint_is_refused_before_any_work(train
     def no_work(*a, **k):
         raise AssertionError("the corpus was read before the checkpoint was checked")
 
-    monkeypatch.setattr("pretrainlab.train.PretrainData", no_work)
+    monkeypatch.setattr("pretrainlab.pretraining.run.PretrainData", no_work)
     with pytest.raises(CheckpointError, match="trained with objective=roberta, and this run is objective=electra"):
         run(compose_train(*QUICK, "objective=electra", "ckpt_path=last"), copy)
     with pytest.raises(CheckpointError, match=r"model settings .*model.hidden_size=128 \(this run: 256\)"):
@@ -230,7 +230,7 @@ def test_the_wandb_run_continues_only_when_the_run_resumes(tmp_path, monkeypatch
 def test_outputs_follow_the_umask(tmp_path, monkeypatch):
     """A group-shared umask (002) gives group-writable outputs: no 0600 file or 0700 directory."""
     from pretrainlab.glue.compare import collect, write_report
-    from pretrainlab.glue.suite import run_suite
+    from pretrainlab.studies.suite import run_suite
     from tests.conftest import compose_config
 
     cache = tmp_path / "cache"

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from pretrainlab.data.pretrain import EpochBatches
+from pretrainlab.data.batches import EpochBatches
 from pretrainlab.model.encoder import ConfigError
-from pretrainlab.train import batch_split, run
+from pretrainlab.pretraining.run import run
+from pretrainlab.runtime.devices import batch_split
 from tests.conftest import ROOT, SMALL, compose_train
 
 # short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
@@ -98,7 +99,8 @@ def test_streaming_ranks_read_disjoint_documents(tmp_path):
     import json
 
     from pretrainlab.data.corpus import HubCorpus
-    from pretrainlab.data.pretrain import PretrainData, StreamingBatches
+    from pretrainlab.data.batches import StreamingBatches
+    from pretrainlab.data.pipeline import PretrainData
     from pretrainlab.data.tokenizer import TokenizerSpec
 
     for n_files in (1, 2):  # one file: every other row; two files: one file per rank
@@ -128,7 +130,7 @@ class Crash(RuntimeError):
 
 
 def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path, monkeypatch):
-    from pretrainlab.lit.pretrain import PretrainModule
+    from pretrainlab.pretraining.module import PretrainModule
 
     overrides = [*RESUME, "max_steps=40", "device_batch_size=8"]  # accumulation 2
     full = run(compose_train(*overrides), tmp_path / "full")
@@ -191,7 +193,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
     """The signal arrives during the step that closes epoch 0 (21 steps per epoch here), and, with
     accumulation, during the step's first micro-batch: the run finishes that step, saves it and exits
     143, and the resumed run repeats the uninterrupted losses from there on."""
-    from pretrainlab.lit.pretrain import PretrainModule
+    from pretrainlab.pretraining.module import PretrainModule
 
     overrides = [*RESUME, "max_steps=26", f"device_batch_size={16 // accumulate}"]
     run(compose_train(*overrides), tmp_path / "full")
@@ -371,12 +373,12 @@ def test_multirun_with_ddp_is_refused_with_the_supported_alternatives(tmp_path):
 
 
 def test_ckpt_path_auto_resumes_only_when_there_is_a_checkpoint(tmp_path):
-    from pretrainlab.train import resolve_checkpoint
+    from pretrainlab.runtime.rundir import checkpoint_to_resume as resolve_checkpoint
 
     assert resolve_checkpoint("auto", tmp_path) is None  # a first submission starts fresh
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    assert resolve_checkpoint("auto", tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert resolve_checkpoint("auto", tmp_path) == tmp_path / "checkpoints" / "last.ckpt"
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         resolve_checkpoint("last", tmp_path / "elsewhere")
 

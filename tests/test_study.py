@@ -11,7 +11,7 @@ from tests.conftest import SMALL, compose_config
 
 
 def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
-    from pretrainlab.study import run_study
+    from pretrainlab.studies.ablation import run_study
 
     pretrain = [*SMALL, "data.num_documents=200", "budget.flops=1.5e11", "checkpoint_every=1000", "val_every=1000"]
     glue = ["glue.source=synthetic", "glue.synthetic.scale=0.1", "task_overrides.epochs=1",
@@ -47,7 +47,7 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("finished work was redone")
 
-    monkeypatch.setattr("pretrainlab.train.run", fail)
-    monkeypatch.setattr("pretrainlab.finetune.run", fail)
+    monkeypatch.setattr("pretrainlab.pretraining.run.run", fail)
+    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
     again = run_study(compose_config("ablate", *overrides))
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())

@@ -12,7 +12,7 @@ import torch
 
 from pretrainlab.export import load_encoder
 from pretrainlab.model.encoder import ConfigError
-from pretrainlab.train import run
+from pretrainlab.pretraining.run import run
 from tests.conftest import ROOT, SMALL, compose_train
 
 
@@ -23,11 +23,11 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(tmp_path, monkeypatch):
     kept = []
-    monkeypatch.setattr("pretrainlab.train.keep_freed_memory", lambda: kept.append(True))
+    monkeypatch.setattr("pretrainlab.runtime.script.keep_freed_memory", lambda: kept.append(True))
     cfg = compose_train(*SMALL, "max_steps=12", "val_every=6", "checkpoint_every=6")
     result = run(cfg, tmp_path)
     assert result["global_step"] == 12
-    assert kept == [True]  # keep_freed_memory: true by default (see pretrainlab.memory)
+    assert kept == [True]  # keep_freed_memory: true by default (see pretrainlab.runtime.malloc)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "config.yaml").is_file()
     rows = metrics(tmp_path)
@@ -48,8 +48,8 @@ def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(
 def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_path, monkeypatch):
     import time
 
-    from pretrainlab.data.pretrain import MaskedBatches
-    from pretrainlab.lit.pretrain import PretrainModule
+    from pretrainlab.data.batches import MaskedBatches
+    from pretrainlab.pretraining.module import PretrainModule
 
     def waits(run_dir):
         rows = [r for r in metrics(run_dir) if r.get("perf/data_wait_s")]
@@ -77,7 +77,7 @@ def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_p
 
 def test_resume_continues_from_the_checkpoint(tmp_path, monkeypatch):
     kept = []
-    monkeypatch.setattr("pretrainlab.train.keep_freed_memory", lambda: kept.append(True))
+    monkeypatch.setattr("pretrainlab.runtime.script.keep_freed_memory", lambda: kept.append(True))
     first = tmp_path / "first"
     run(compose_train(*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false",
                       "keep_freed_memory=false"), first)
@@ -125,7 +125,7 @@ def test_every_numeric_setting_is_checked_before_any_work(tmp_path, monkeypatch,
     def no_work(*a, **k):
         raise AssertionError("the corpus was read before the settings were checked")
 
-    monkeypatch.setattr("pretrainlab.train.PretrainData", no_work)
+    monkeypatch.setattr("pretrainlab.pretraining.run.PretrainData", no_work)
     with pytest.raises(Exception, match=message) as e:
         run(compose_train(*SMALL, "max_steps=2", override), tmp_path)
     assert not isinstance(e.value, (AssertionError, ZeroDivisionError))

@@ -71,6 +71,22 @@ def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
+def write_named(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` to create a file at a temporary path beside ``path`` (for writers that
+    take a file name rather than a file object), then rename it onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{_prefix(path)}{os.urandom(4).hex()}")
+    try:
+        write(tmp)
+        as_created(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_bytes(path: str | Path, data: bytes) -> Path:
     return write_with(path, lambda f: f.write(data))
 
@@ -149,4 +165,4 @@ def _alive(pid: int) -> bool:
 
 
 __all__ = ["as_created", "build_dir", "remove_stale", "temporary_dir", "umask", "write_bytes", "write_json",
-           "write_text", "write_with"]
+           "write_named", "write_text", "write_with"]

@@ -23,9 +23,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from pretrainlab import atomic
 from pretrainlab.data.hashing import fingerprint
-from pretrainlab.tokens import SpecialTokens
+from pretrainlab.tokens import ROLES, SPECIALS, special_tokens
 
-SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 CONTINUATION = "##"  # WordPiece's prefix for a piece that continues a word
 
 log = logging.getLogger("pretrainlab")
@@ -102,7 +101,7 @@ class TokenizerSpec:
     def train(self, sentences: Iterable[str], workdir: str | Path | None = None) -> Tokenizer:
         """Train on ``sentences`` (read once). ``workdir``: where WordPiece training spools the
         sentences (default: the system's temporary directory)."""
-        specials = [self.special_tokens[r] for r in ("pad", "unk", "cls", "sep", "mask")]
+        specials = [self.special_tokens[r] for r in ROLES]
         if self.kind == "wordpiece":
             return train_wordpiece(self._wordpiece, _limit(sentences, self.max_training_sentences), specials,
                                    self.vocab_size, self.min_frequency, workdir)
@@ -245,31 +244,6 @@ def _limit(items: Iterable[str], n: int | None) -> Iterable[str]:
         if n is not None and i >= n:
             return
         yield item
-
-
-def special_tokens(tok: Tokenizer, names: dict | None = None) -> SpecialTokens:
-    """Special ids and the continuation-piece table of a tokenizer."""
-    names = {**SPECIALS, **(names or {})}
-    ids = {}
-    for role, token in names.items():
-        i = tok.token_to_id(token)
-        if i is None:
-            raise ValueError(
-                f"the tokenizer has no {role} token {token!r}; set tokenizer.special_tokens.{role} "
-                f"to the string it uses."
-            )
-        ids[role] = i
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    continuation = np.zeros(vocab_size, dtype=bool)
-    model = json.loads(tok.to_str())["model"]
-    for token, i in tok.get_vocab(with_added_tokens=True).items():
-        if model["type"] == "WordPiece":
-            continuation[i] = token.startswith(model.get("continuing_subword_prefix", "##"))
-        elif model["type"] == "BPE" and isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel):
-            continuation[i] = not token.startswith("\u0120")  # 'Ġ' marks a word start
-    continuation[[ids[r] for r in ids]] = False
-    return SpecialTokens(vocab_size=vocab_size, pad_id=ids["pad"], unk_id=ids["unk"], cls_id=ids["cls"],
-                         sep_id=ids["sep"], mask_id=ids["mask"], is_continuation=continuation)
 
 
 class TokenizerFileError(ValueError):

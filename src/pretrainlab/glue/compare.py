@@ -24,14 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from pretrainlab import atomic
-from pretrainlab.glue.tasks import TASKS
+from pretrainlab.glue.tasks import TASKS, display_name, task_score
 
 log = logging.getLogger("pretrainlab")
 
 EXCLUDED_FROM_GLUE_SCORE = ("wnli",)
 ORDER = list(TASKS)
-NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
-         "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 
 
 class CompareError(ValueError):
@@ -198,7 +196,7 @@ def aggregate(results: list[dict]) -> dict:
     tasks = [t for t in ORDER if any(t in by[label] for label in labels)]
 
     def score(r: dict) -> float:
-        return 100.0 * float(np.mean(list(r["metrics"].values())))
+        return task_score(r["metrics"])
 
     cells: dict = {}
     for label in labels:
@@ -244,7 +242,7 @@ def _fmt(ms: tuple[float, float], pretrain_sd: float | None = None) -> str:
 
 def to_markdown(table: dict) -> str:
     tasks = table["tasks"]
-    header = ["encoder"] + [f"{NAMES[t]} ({'/'.join(_metric_short(m) for m in TASKS[t].metric_names())})"
+    header = ["encoder"] + [f"{display_name(t)} ({'/'.join(_metric_short(m) for m in TASKS[t].metric_names())})"
                             for t in tasks] + ["GLUE"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label in table["labels"]:
@@ -264,7 +262,7 @@ def to_markdown(table: dict) -> str:
     lines.append("")
     lines.append(f"Dev-set metrics x 100 after the last fine-tuning epoch, mean ± std over {'/'.join(map(str, seeds))} "
                  f"fine-tuning seed(s){pretrain}. GLUE = mean task score (a task's score is the mean of its metrics) "
-                 f"over {', '.join(NAMES[t] for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
+                 f"over {', '.join(display_name(t) for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
                  f"BERT.")
     return "\n".join(lines)
 
@@ -323,7 +321,7 @@ def plot(table: dict, path: Path) -> Path:
             means.append(ms[0])
             stds.append(ms[1])
         ax.bar(x + (i - (len(labels) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=label)
-    ax.set_xticks(x, [NAMES.get(g, "GLUE") for g in groups])
+    ax.set_xticks(x, [display_name(g) if g in TASKS else "GLUE" for g in groups])
     ax.set_ylabel("dev score (x 100)")
     ax.set_title("GLUE dev scores, mean ± std over seeds")
     ax.legend(fontsize=8)

@@ -31,6 +31,7 @@ from pathlib import Path
 from pretrainlab import atomic
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.synthetic import NOUN_NUMBER, PREPOSITIONS, STAGES, VERB_AGREEMENT, SyntheticLanguage
+from pretrainlab.glue.tasks import TASKS
 
 SUITE_VERSION = 1
 
@@ -293,8 +294,6 @@ _MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", 
               "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
 BUILDERS = {"cola": _cola, "sst2": _sst2, "mrpc": _mrpc, "qqp": _qqp, "stsb": _stsb, "qnli": _qnli, "rte": _rte,
             "wnli": _wnli}
-DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
-        "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 
 
 def _write(path: Path, header: list[str] | None, rows: list[tuple], final_newline: bool = True) -> None:
@@ -331,7 +330,7 @@ class SyntheticGlue:
         unseen = [t for t in range(self.num_topics) if t not in seen] or seen
         for task, (n_train, n_dev) in SIZES.items():
             n_train, n_dev = max(8, round(n_train * self.scale)), max(8, round(n_dev * self.scale))
-            d = out / DIRS[task]
+            d = out / TASKS[task].directory
             d.mkdir()
             for split, n in (("train", n_train), ("dev", n_dev)):
                 w = _World(language, random.Random(f"glue-{self.seed}-{task}-{split}"))

@@ -274,18 +274,23 @@ class Encoder(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int, rows_fraction: float = 1.0) -> float:
-        """Forward + backward FLOPs per token (6 x matmul params + attention scores), Kaplan-style.
-        ``rows_fraction``: the fraction of positions the last layer computes (see ``forward(rows=...)``);
-        its key and value projections still cover every position."""
-        cfg = self.config
-        h = cfg.hidden_size
-        key_value = 2 * 2 * h**2
-        per_query = 2 * (2 * h**2 + 2 * h * cfg.intermediate_size) + 2 * 2 * seq_len * h  # Q, out, FFN; QK^T, AV
-        proj = 2 * cfg.embedding_size * h if self.embedding_projection is not None else 0
-        if rows_fraction < 1.0 and self.pooler is not None:
-            rows_fraction = min(1.0, rows_fraction + 1.0 / seq_len)  # the [CLS] rows
-        forward = cfg.num_layers * key_value + (cfg.num_layers - 1 + rows_fraction) * per_query + proj
-        return 3.0 * forward
+        """See :func:`flops_per_token`."""
+        return flops_per_token(self.config, seq_len, rows_fraction)
+
+
+def flops_per_token(cfg: EncoderConfig, seq_len: int, rows_fraction: float = 1.0) -> float:
+    """Forward + backward FLOPs per token of an encoder of config ``cfg`` (6 x matmul params +
+    attention scores), Kaplan-style. ``rows_fraction``: the fraction of positions the last layer
+    computes (see ``Encoder.forward(rows=...)``); its key and value projections still cover every
+    position."""
+    h = cfg.hidden_size
+    key_value = 2 * 2 * h**2
+    per_query = 2 * (2 * h**2 + 2 * h * cfg.intermediate_size) + 2 * 2 * seq_len * h  # Q, out, FFN; QK^T, AV
+    proj = 2 * cfg.embedding_size * h if cfg.embedding_size != cfg.hidden_size else 0
+    if rows_fraction < 1.0 and cfg.add_pooler:
+        rows_fraction = min(1.0, rows_fraction + 1.0 / seq_len)  # the [CLS] rows
+    forward = cfg.num_layers * key_value + (cfg.num_layers - 1 + rows_fraction) * per_query + proj
+    return 3.0 * forward
 
 
 def count_parameters(cfg: EncoderConfig) -> int:
@@ -293,4 +298,4 @@ def count_parameters(cfg: EncoderConfig) -> int:
         return Encoder(cfg).num_parameters()
 
 
-__all__ = ["ConfigError", "Embeddings", "Encoder", "EncoderConfig", "EncoderOutput", "count_parameters"]
+__all__ = ["ConfigError", "Embeddings", "Encoder", "EncoderConfig", "EncoderOutput", "count_parameters", "flops_per_token"]

@@ -28,6 +28,11 @@ class MaskedLMHead(nn.Module):
         nn.init.normal_(self.dense.weight, std=0.02)
         nn.init.zeros_(self.dense.bias)
 
+    @classmethod
+    def for_encoder(cls, cfg) -> "MaskedLMHead":
+        """The head that sits on an encoder of config ``cfg`` (an ``EncoderConfig``)."""
+        return cls(cfg.hidden_size, cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
+
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(F.gelu(self.dense(hidden)))
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from pretrainlab.model.encoder import EncoderConfig
-from pretrainlab.objectives.base import Batch, MaskedLMCollator
+from pretrainlab.objectives.base import Batch
 from pretrainlab.objectives.bert import BERT
+from pretrainlab.objectives.masked_lm import MaskedLMCollator
 from pretrainlab.objectives.masking import select_ngrams
 from pretrainlab.tokens import SpecialTokens
 

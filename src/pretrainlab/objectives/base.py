@@ -1,37 +1,49 @@
 """The objective plugin contract.
 
 An objective owns what is specific to it: how examples are built from documents, how batches are
-corrupted (in the collator, with an explicit generator), its heads and losses, and its metric
-names. It never owns the encoder: ``forward`` receives it, so the encoder's weights live once, in
-the LightningModule, and the exported encoder needs no objective code.
+corrupted (in the collator, with an explicit generator), its heads and losses, its metric names,
+its cost per token, and how its heads look in the Hugging Face format. It never owns the encoder:
+``forward`` receives it, so the encoder's weights live once, in the LightningModule, and the
+exported encoder needs no objective code.
 
 Adding an objective = one module here + one ``conf/objective/<name>.yaml`` whose ``_target_``
-names the class. The YAML is the registry; there is no name -> class table.
+names the class. The YAML is the registry; there is no name -> class table. Masked-LM objectives
+extend :class:`~pretrainlab.objectives.masked_lm.MaskedLM`, which brings the masking, the tied MLM
+head, its loss, FLOPs and export.
 
     class MyObjective(Objective):
-        def example_builder(self, max_seq_len) -> ExampleBuilder   # documents -> examples
-        def collator(self) -> Collator                             # picklable, no weights
-        def forward(self, encoder, batch) -> ObjectiveOutput       # loss + detached metrics
-        def flops_per_token(self, encoder, seq_len) -> float       # for compute-matched runs
+        def example_builder(self, max_seq_len) -> ExampleBuilder          # documents -> examples
+        def collator(self) -> Collator                                    # picklable, no weights
+        def forward(self, encoder, batch) -> ObjectiveOutput              # loss + detached metrics
+        def flops_per_token(self, encoder_config, seq_len) -> float       # for compute-matched runs
+        @classmethod
+        def hf_head(cls, state, arch) -> tuple[str, dict] | None          # its head for transformers
+
+A batch (what the collator returns and ``forward`` receives) is a dict of tensors. Every batch has
+the keys of :data:`BATCH_KEYS`, which the training loop relies on; the rest are the objective's own
+(``token_type_ids``, ``labels``, ``mlm_positions``, ``mlm_labels``, ...).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.model.heads import MaskedLMHead
-from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
-from pretrainlab.objectives.pairs import Example, ExampleBuilder
+from pretrainlab.data.examples import Example, ExampleBuilder
+from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.tokens import SpecialTokens
 
 Batch = dict[str, torch.Tensor]
+
+BATCH_KEYS = {
+    "input_ids": "(batch, seq) int64 token ids, right-padded",
+    "attention_mask": "(batch, seq) bool, True for real tokens",
+    "n_tokens": "scalar: the real (non-padding) tokens of the batch, counted for budgets and throughput",
+}
 
 
 @dataclass
@@ -54,9 +66,13 @@ class Objective(nn.Module):
     ``uses_pooler``: whether the loss goes through the encoder's pooled [CLS] output. When it does
     not, the pooler is frozen during pretraining (DDP requires every trained parameter to get a
     gradient) and fine-tuning trains it from its initialisation.
+
+    ``hf_model_type``: the transformers model family its exported encoder must be (ELECTRA's
+    discriminator: ``electra``); None lets the encoder's shape decide (BERT or ALBERT).
     """
 
-    uses_pooler: bool = False
+    uses_pooler: ClassVar[bool] = False
+    hf_model_type: ClassVar[str | None] = None
 
     def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str):
         super().__init__()
@@ -73,17 +89,23 @@ class Objective(nn.Module):
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         raise NotImplementedError
 
-    def flops_per_token(self, encoder: Encoder, seq_len: int) -> float:
-        """Training FLOPs (forward + backward) per input token. Default: the encoder alone."""
-        return encoder.flops_per_token(seq_len)
+    def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per input token. Default: the encoder alone. A
+        function of shapes only, so budgets are known before any weight exists."""
+        return flops_per_token(encoder_config, seq_len)
 
-
-# ---------------------------------------------------------------------------------------------
-# Pieces shared by the masked-LM objectives (RoBERTa, BERT, ALBERT; ELECTRA's generator).
+    @classmethod
+    def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+        """The pretraining head in the Hugging Face format: (the transformers class that holds it,
+        its tensors in that class's names), from a checkpoint's ``state_dict`` (``encoder.*``,
+        ``objective.*``), for an encoder exported as ``arch`` (bert, albert, electra). None when
+        there is no head to export."""
+        return None
 
 
 def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int = 8) -> Batch:
-    """Stack variable-length examples right-padded; adds ``attention_mask`` and ``n_tokens``."""
+    """Stack variable-length examples right-padded: ``input_ids``, ``attention_mask``,
+    ``n_tokens``, and ``token_type_ids`` / ``labels`` when the examples have them."""
     longest = max(len(e["input_ids"]) for e in examples)
     width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     ids = np.full((len(examples), width), pad_id, dtype=np.int64)
@@ -103,53 +125,4 @@ def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int =
     return batch
 
 
-@dataclass(frozen=True, eq=False)
-class MaskedLMCollator:
-    """Pads, then selects ~rate of the non-special tokens and corrupts them (80/10/10).
-
-    Masks are drawn anew every time an example is seen (dynamic masking, as RoBERTa). The batch
-    carries the flat positions and original ids of the selected tokens, so the head scores only
-    those (sparse prediction).
-    """
-
-    tokens: SpecialTokens
-    masking: MaskingConfig
-
-    @cached_property
-    def random_candidates(self) -> torch.Tensor:
-        return torch.from_numpy(self.tokens.random_candidates())
-
-    def eligible(self, input_ids: torch.Tensor) -> torch.Tensor:
-        special = torch.zeros_like(input_ids, dtype=torch.bool)
-        for i in self.tokens.special_ids:
-            special |= input_ids == i
-        return ~special
-
-    def select(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
-        return select_tokens(self.eligible(batch["input_ids"]), self.masking.rate, generator)
-
-    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
-        batch = pad_examples(examples, self.tokens.pad_id)
-        selected = self.select(batch, generator)
-        original = batch["input_ids"]
-        batch["input_ids"] = corrupt(
-            original, selected, self.masking, self.tokens.mask_id, self.random_candidates, generator
-        )
-        batch["mlm_positions"] = selected.flatten().nonzero().squeeze(1)
-        batch["mlm_labels"] = original.flatten()[batch["mlm_positions"]]
-        return batch
-
-
-def masked_lm_loss(
-    head: MaskedLMHead, masked_hidden: torch.Tensor, word_embeddings: torch.Tensor, batch: Batch
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, accuracy) of the masked positions only; ``masked_hidden`` holds their hidden states,
-    in the order of ``batch["mlm_positions"]`` (``encoder(..., rows=mlm_positions)``)."""
-    return head.loss(masked_hidden, word_embeddings, batch["mlm_labels"])
-
-
-def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:
-    """Training FLOPs per input token of a sparse, tied MLM head (only mask_rate of tokens scored)."""
-    c = encoder_config
-    per_scored = 2 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
-    return 3.0 * mask_rate * per_scored
+__all__ = ["BATCH_KEYS", "Batch", "Collator", "Objective", "ObjectiveOutput", "pad_examples"]

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.data.examples import Example
+from pretrainlab.data.packing import PackedBlocks
+from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead, TokenHead
-from pretrainlab.objectives.base import Batch, MaskedLMCollator, Objective, ObjectiveOutput, mlm_head_flops
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
+from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
-from pretrainlab.objectives.pairs import Example, PackedBlocks
 from pretrainlab.tokens import SpecialTokens
 
 
@@ -36,6 +38,11 @@ class ElectraCollator(MaskedLMCollator):
 
 
 class ELECTRA(Objective):
+    """Replaced-token detection by the shared encoder (exported as a transformers ELECTRA
+    discriminator), with a masked-LM generator of ``generator_scale`` x its width."""
+
+    hf_model_type = "electra"
+
     def __init__(
         self,
         encoder_config: EncoderConfig,
@@ -56,10 +63,11 @@ class ELECTRA(Objective):
             raise ValueError(f"objective.temperature must be positive, got {temperature}.")
         self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
         self.gen_weight, self.disc_weight, self.temperature = gen_weight, disc_weight, temperature
+        self.generator_scale = generator_scale
         self.generator_config = encoder_config.scaled(generator_scale)
         g = self.generator_config
         self.generator = Encoder(g, own_embeddings=False)
-        self.generator_head = MaskedLMHead(g.hidden_size, g.embedding_size, g.vocab_size, g.layer_norm_eps)
+        self.generator_head = MaskedLMHead.for_encoder(g)
         self.discriminator_head = TokenHead(encoder_config.hidden_size)
 
     def example_builder(self, max_seq_len: int) -> PackedBlocks:
@@ -108,12 +116,22 @@ class ELECTRA(Objective):
             }
         return ObjectiveOutput(loss, metrics)
 
-    def flops_per_token(self, encoder: Encoder, seq_len: int) -> float:
+    def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         # discriminator encoder + its per-token head, generator encoder + its sparse MLM head
-        h = self.encoder_config.hidden_size
+        h = encoder_config.hidden_size
         disc_head = 3.0 * 2 * (h * h + h)
-        generator = self.generator.flops_per_token(seq_len, self.masking.rate) + mlm_head_flops(self.generator_config, self.masking.rate)
-        return encoder.flops_per_token(seq_len) + disc_head + generator
+        g, rate = encoder_config.scaled(self.generator_scale), self.masking.rate
+        generator = flops_per_token(g, seq_len, rate) + mlm_head_flops(g, rate)
+        return flops_per_token(encoder_config, seq_len) + disc_head + generator
+
+    @classmethod
+    def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+        src = "objective.discriminator_head."
+        if f"{src}dense.weight" not in state or arch != "electra":
+            return None
+        p = "discriminator_predictions."
+        return "ElectraForPreTraining", {f"{p}dense.{w}": state[f"{src}dense.{w}"] for w in ("weight", "bias")} | {
+            f"{p}dense_prediction.{w}": state[f"{src}out.{w}"] for w in ("weight", "bias")}
 
 
 __all__ = ["ELECTRA", "ElectraCollator"]

@@ -18,12 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.export import resolve_export_dir
+from pretrainlab.export.hf import model_name
+from pretrainlab.finetuning import run as finetuning
+from pretrainlab.finetuning.encoders import encoder_identity
+from pretrainlab.glue.compare import aggregate, to_markdown
 from pretrainlab.glue.tasks import get_task
-from pretrainlab.settings import check_finetuning
+from pretrainlab.runtime import hydra
+from pretrainlab.runtime.hydra import CONF
+from pretrainlab.runtime.settings import check_finetuning
 
 log = logging.getLogger("pretrainlab")
-
-CONF = Path(__file__).resolve().parents[3] / "conf"
 
 
 def task_config(name: str, overrides: dict | None = None, conf_dir: Path = CONF) -> DictConfig:
@@ -41,8 +45,6 @@ def default_output_dir(pretrained: str, init: str) -> Path:
     outside a run, ``<export dir>/glue``; for ``hf:<dir>``, ``runs/glue/hf-<name>``."""
     suffix = "glue-scratch" if init == "scratch" else "glue"
     if str(pretrained).startswith("hf:"):
-        from pretrainlab.hf import model_name
-
         name = model_name(Path(str(pretrained)[3:]).expanduser())
         return Path("runs") / "glue" / f"hf-{name}{'-scratch' if init == 'scratch' else ''}"
     export = resolve_export_dir(pretrained)
@@ -53,9 +55,6 @@ def default_output_dir(pretrained: str, init: str) -> Path:
 def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
               task_overrides: dict | None = None) -> list[dict]:
     """Fine-tune ``cfg.pretrained`` on every (task, seed) not yet done; returns all results."""
-    from pretrainlab.finetune import encoder_identity, run
-    from pretrainlab.train import hydra_choices
-
     output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
     identity = encoder_identity(cfg.pretrained, cfg.init)
     for name in tasks:  # every task's settings are checked before the first one runs
@@ -78,8 +77,9 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
             run_cfg.seed = seed
             for key in ("tasks", "seeds", "output_dir", "task_overrides"):
                 run_cfg.pop(key, None)
-            choices = {**hydra_choices(), "task": task.name}
-            results.append(run(run_cfg, output_dir / task.name / f"seed{seed}", results_path=path, choices=choices))
+            choices = {**hydra.choices(), "task": task.name}
+            results.append(finetuning.run(run_cfg, output_dir / task.name / f"seed{seed}", results_path=path,
+                                          choices=choices))
     write_summary(results, output_dir)
     return results
 
@@ -100,8 +100,6 @@ def _check_same_encoder(done: dict, identity: dict, cfg: DictConfig, path: Path)
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
-    from pretrainlab.glue.compare import aggregate, to_markdown
-
     table = aggregate(results)
     atomic.write_text(output_dir / "summary.json", json.dumps(table, indent=2))
     atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")

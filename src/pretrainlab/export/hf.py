@@ -26,25 +26,26 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, processors
 
 from pretrainlab import atomic
-from pretrainlab.checkpoint import read as read_checkpoint
+from pretrainlab.export.native import check_output_dir, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.tokens import SpecialTokens
+from pretrainlab.runtime.checkpoints import read as read_checkpoint
+from pretrainlab.tokens import ROLES, SPECIALS, SpecialTokens, special_tokens
 
 log = logging.getLogger("pretrainlab")
-
-ROLES = ("pad", "unk", "cls", "sep", "mask")
-DEFAULT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
 
 class HFFormatError(ValueError):
     """An encoder or checkpoint that the transformers format cannot represent, or vice versa."""
 
 
-def architecture(cfg: EncoderConfig, objective: str | None) -> str:
+def architecture(cfg: EncoderConfig, preferred: str | None = None) -> str:
+    """The transformers family an encoder exports as: ``preferred`` (the objective's
+    ``hf_model_type``) where it can hold the encoder, else BERT, or ALBERT for shared layers or
+    factorised embeddings."""
     if cfg.pre_layer_norm:
         raise HFFormatError("pre-LN encoders (model.pre_layer_norm=true) have no transformers equivalent among "
                             "BERT, ALBERT and ELECTRA (all post-LN); export them with the native format.")
-    if objective == "electra" and not cfg.share_layers:
+    if preferred == "electra" and not cfg.share_layers:  # ELECTRA has no shared layers
         return "electra"
     if cfg.share_layers or cfg.embedding_size != cfg.hidden_size:
         return "albert"
@@ -183,7 +184,7 @@ def write_tokenizer(tok: Tokenizer, specials: dict[str, str], out: Path, lowerca
 
 def read_tokenizer(d: Path) -> tuple[Tokenizer, dict[str, str]]:
     tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
-    specials = {r: (tcfg.get(f"{r}_token") or DEFAULT_SPECIALS[r]) for r in ROLES}
+    specials = {r: (tcfg.get(f"{r}_token") or SPECIALS[r]) for r in ROLES}
     specials = {r: (v["content"] if isinstance(v, dict) else v) for r, v in specials.items()}
     if (d / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
@@ -200,29 +201,42 @@ def read_tokenizer(d: Path) -> tuple[Tokenizer, dict[str, str]]:
 
 
 # --- export ----------------------------------------------------------------------------------------
+def objective_class(meta: dict) -> type | None:
+    """The objective class an export was pretrained with (its config's ``_target_``), or None."""
+    from hydra.utils import get_class
+
+    target = (((meta.get("pretraining") or {}).get("config") or {}).get("objective") or {}).get("_target_")
+    try:
+        return get_class(target) if target else None
+    except Exception:  # noqa: BLE001 - an objective this installation does not have: no head
+        log.warning("the export's objective %s cannot be imported: exported without its pretraining head", target)
+        return None
+
+
 def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Path:
     """A run directory or an export directory -> a transformers directory, written to a temporary
-    directory and renamed into place. ``out_dir`` is checked first (``export.check_output_dir``):
-    an earlier hf export there is replaced, any other non-empty directory only with ``force``."""
-    from pretrainlab.export import check_output_dir, load_encoder, resolve_export_dir
+    directory and renamed into place. ``out_dir`` is checked first (``native.check_output_dir``):
+    an earlier hf export there is replaced, any other non-empty directory only with ``force``.
 
+    The model class follows the objective: its pretraining head, when the run's last checkpoint holds
+    this encoder (``Objective.hf_head``), else the bare model."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, Path(path), "hf", force)
     export = resolve_export_dir(path)
     encoder, tokenizer, meta = load_encoder(export)
     cfg = encoder.config
-    objective = (meta.get("pretraining") or {}).get("objective")
-    arch = architecture(cfg, objective)
+    objective = objective_class(meta)
+    arch = architecture(cfg, getattr(objective, "hf_model_type", None))
     specials = {r: tokenizer.id_to_token(i) for r, i in meta["special_tokens"].items()}
     ours = encoder.state_dict()
-    heads = _heads_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", ours, arch)
+    head = _head_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", ours, objective, arch)
     base = {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[arch]
-    full = {"bert": "BertForMaskedLM", "albert": "AlbertForMaskedLM", "electra": "ElectraForPreTraining"}[arch]
-    prefix = f"{arch}." if heads else ""
-    state = to_hf_state(ours, cfg, arch, prefix)
-    state.update(heads)
-    config = hf_config(cfg, arch, [full if heads else base], meta["special_tokens"]["pad"])
-    config["pretrainlab"] = {"objective": objective, "source": str(export.resolve())}
+    state = to_hf_state(ours, cfg, arch, f"{arch}." if head else "")
+    if head:
+        state.update(head[1])
+    config = hf_config(cfg, arch, [head[0] if head else base], meta["special_tokens"]["pad"])
+    config["pretrainlab"] = {"objective": (meta.get("pretraining") or {}).get("objective"),
+                             "source": str(export.resolve())}
 
     def build(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
@@ -233,41 +247,21 @@ def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Pat
     return atomic.build_dir(out_dir, build)
 
 
-def _heads_from_checkpoint(ckpt: Path, encoder_state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
-    """The pretraining head in transformers' names, from the run's checkpoint when it holds one we
-    can map and its encoder is the exported one (a checkpoint of another run, or of an earlier step,
-    would put foreign heads on this encoder: then none is exported)."""
-    if not ckpt.is_file():
-        return {}
-    sd = read_checkpoint(ckpt)["state_dict"]
+def _head_from_checkpoint(ckpt: Path, encoder_state: dict[str, torch.Tensor], objective: type | None,
+                          arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """(transformers class, head tensors) from the run's checkpoint, when it holds a head the
+    objective can map and its encoder is the exported one (a checkpoint of another run, or of an
+    earlier step, would put foreign heads on this encoder: then none is exported)."""
+    if objective is None or not ckpt.is_file():
+        return None
+    state = read_checkpoint(ckpt)["state_dict"]
     foreign = [k for k, v in encoder_state.items()
-               if f"encoder.{k}" not in sd or not torch.equal(sd[f"encoder.{k}"].float(), v.float())]
+               if f"encoder.{k}" not in state or not torch.equal(state[f"encoder.{k}"].float(), v.float())]
     if foreign:
         log.warning("%s holds another encoder than the export (%s differs): exported without the pretraining head",
                     ckpt, foreign[0])
-        return {}
-    if arch == "electra":
-        src = "objective.discriminator_head."
-        if f"{src}dense.weight" not in sd:
-            return {}
-        return {"discriminator_predictions.dense.weight": sd[f"{src}dense.weight"],
-                "discriminator_predictions.dense.bias": sd[f"{src}dense.bias"],
-                "discriminator_predictions.dense_prediction.weight": sd[f"{src}out.weight"],
-                "discriminator_predictions.dense_prediction.bias": sd[f"{src}out.bias"]}
-    src = "objective.mlm_head."
-    if f"{src}dense.weight" not in sd:
-        return {}
-    words = sd["encoder.embeddings.word_embeddings.weight"]
-    if arch == "bert":
-        p = "cls.predictions."
-        return {f"{p}transform.dense.weight": sd[f"{src}dense.weight"], f"{p}transform.dense.bias": sd[f"{src}dense.bias"],
-                f"{p}transform.LayerNorm.weight": sd[f"{src}norm.weight"],
-                f"{p}transform.LayerNorm.bias": sd[f"{src}norm.bias"],
-                f"{p}bias": sd[f"{src}bias"], f"{p}decoder.weight": words, f"{p}decoder.bias": sd[f"{src}bias"]}
-    p = "predictions."
-    return {f"{p}dense.weight": sd[f"{src}dense.weight"], f"{p}dense.bias": sd[f"{src}dense.bias"],
-            f"{p}LayerNorm.weight": sd[f"{src}norm.weight"], f"{p}LayerNorm.bias": sd[f"{src}norm.bias"],
-            f"{p}bias": sd[f"{src}bias"], f"{p}decoder.weight": words, f"{p}decoder.bias": sd[f"{src}bias"]}
+        return None
+    return objective.hf_head(state, arch)
 
 
 # --- import -------------------------------------------------------------------------------------------
@@ -280,8 +274,6 @@ def model_name(d: Path) -> str:
 
 def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens, dict]:
     """(encoder, tokenizer, special tokens, provenance) from a transformers checkpoint directory."""
-    from pretrainlab.data.tokenizer import special_tokens
-
     d = Path(os.path.expanduser(str(path)))
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"hf:{path}: no config.json; expected a transformers model directory.")

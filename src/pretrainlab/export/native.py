@@ -1,4 +1,4 @@
-"""Exported encoders: what fine-tuning loads, without any objective code.
+"""The native export: what fine-tuning loads, without any objective code.
 
 An export directory holds
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -71,9 +70,7 @@ def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens
     """Write ``encoder`` (float32 weights), its tokenizer and metadata to ``out_dir``, replacing an
     earlier export there in one rename."""
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in encoder.state_dict().items()}
-    specials = {"pad": tokens.pad_id, "unk": tokens.unk_id, "cls": tokens.cls_id, "sep": tokens.sep_id,
-                "mask": tokens.mask_id}
-    meta = {"format": FORMAT, "encoder": encoder.config.to_dict(), "special_tokens": specials,
+    meta = {"format": FORMAT, "encoder": encoder.config.to_dict(), "special_tokens": tokens.ids(),
             "pretraining": pretraining or {}}
 
     def build(tmp: Path) -> None:
@@ -121,33 +118,5 @@ def export_native(source: str | Path, out: str | Path, force: bool = False) -> P
     return atomic.build_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m pretrainlab.export <run or export dir> <out dir> [--format hf|native] [--force]"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m pretrainlab.export", description=(
-        "Export a pretrained encoder: --format hf writes a transformers directory (AutoModel.from_pretrained); "
-        "--format native copies the pretrainlab export. The output directory is written in one rename; an earlier "
-        "export of the same format there is replaced, any other non-empty directory is refused (--force replaces "
-        "it). The working directory and the source are never replaced."))
-    parser.add_argument("source", help="a pretraining run directory or its encoder/ export")
-    parser.add_argument("out", help="the directory to write")
-    parser.add_argument("--format", choices=["hf", "native"], default="hf")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty directory that is not an export")
-    args = parser.parse_args(argv)
-    try:
-        if args.format == "hf":
-            from pretrainlab.hf import export_hf
-
-            out = export_hf(args.source, args.out, force=args.force)
-        else:
-            out = export_native(args.source, args.out, force=args.force)
-    except (ExportError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"exported {args.source} -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["CONFIG", "FORMAT", "TOKENIZER", "WEIGHTS", "ExportError", "check_output_dir", "export_encoder",
+           "export_native", "is_export", "load_encoder", "resolve_export_dir"]

@@ -1,90 +1,15 @@
-"""Pure example builders: tokenized documents in, training examples out.
-
-A document is a list of sentences, each a 1-D integer array of token ids without special tokens.
-Every builder is a small frozen dataclass (its fields are its cache key) whose ``__call__`` takes
-the documents and a ``numpy.random.Generator`` and yields examples as dicts of numpy arrays:
-
-    PackedBlocks     RoBERTa FULL-SENTENCES: contiguous sentences packed up to max_len, crossing
-                     document boundaries with an extra separator            -> input_ids
-    SentencePairs    BERT NSP (B is the continuation or from another document) or ALBERT SOP
-                     (B is the continuation, swapped half the time)         -> input_ids,
-                                                                               token_type_ids, label
-"""
+"""BERT's and ALBERT's sentence-pair examples ``[CLS] A [SEP] B [SEP]``: next-sentence prediction
+(B continues A, or comes from another document) and sentence-order prediction (A and B consecutive,
+swapped half the time)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
-Document = Sequence[np.ndarray]
-Example = dict[str, np.ndarray]
-
-
-class ExampleBuilder:
-    """Base for builders; ``key()`` names everything that changes the examples (for caching).
-    Bump ``version`` when the algorithm changes what it builds."""
-
-    version = 1
-
-    def key(self) -> dict:
-        return {"builder": type(self).__name__, "version": self.version, **asdict(self)}
-
-    def __call__(self, documents: Sequence[Document], rng: np.random.Generator) -> Iterator[Example]:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class PackedBlocks(ExampleBuilder):
-    """``[CLS] s1 s2 ... [SEP]`` blocks of whole contiguous sentences, at most ``max_len`` tokens.
-
-    Blocks run across documents; where one document ends and the next begins inside a block, an
-    extra ``[SEP]`` marks the boundary. A sentence longer than a block is cut into block-sized
-    pieces. No token is dropped or repeated, so the packed corpus is the corpus.
-    """
-
-    max_len: int
-    cls_id: int
-    sep_id: int
-
-    def __call__(self, documents: Sequence[Document], rng: np.random.Generator | None = None) -> Iterator[Example]:
-        budget = self.max_len - 2
-        if budget < 1:
-            raise ValueError(f"max_seq_len={self.max_len} leaves no room for tokens between [CLS] and [SEP].")
-        sep = np.array([self.sep_id], dtype=np.int32)
-        pieces: list[np.ndarray] = []
-        used = 0
-
-        def emit() -> Example:
-            ids = np.concatenate([[self.cls_id], *pieces, [self.sep_id]]).astype(np.int32)
-            return {"input_ids": ids}
-
-        for d, doc in enumerate(documents):
-            if d > 0 and used > 0:
-                if used + 1 < budget:
-                    pieces.append(sep)  # document boundary inside the block
-                    used += 1
-                else:  # no room for boundary + anything: the block boundary is the document boundary
-                    yield emit()
-                    pieces, used = [], 0
-            for sentence in doc:
-                for start in range(0, max(len(sentence), 1), budget):
-                    chunk = np.asarray(sentence[start:start + budget], dtype=np.int32)
-                    if len(chunk) == 0:
-                        continue
-                    if used + len(chunk) > budget:
-                        if pieces and pieces[-1] is sep:  # never end a block on a boundary marker
-                            pieces.pop()
-                        if pieces:
-                            yield emit()
-                        pieces, used = [], 0
-                    pieces.append(chunk)
-                    used += len(chunk)
-        if pieces and pieces[-1] is sep:
-            pieces.pop()
-        if pieces:
-            yield emit()
+from pretrainlab.data.examples import Documents, Example, ExampleBuilder, as_documents
 
 
 @dataclass(frozen=True)
@@ -119,13 +44,15 @@ class SentencePairs(ExampleBuilder):
         if self.max_len < 5:
             raise ValueError(f"max_seq_len={self.max_len} is too short for a sentence pair (needs at least 5).")
 
-    def __call__(self, documents: Sequence[Document], rng: np.random.Generator) -> Iterator[Example]:
+    def __call__(self, documents: Documents | Sequence[Sequence[np.ndarray]],
+                 rng: np.random.Generator) -> Iterator[Example]:
+        documents = as_documents(documents)
         if self.task == "nsp" and len(documents) < 2:
             raise ValueError("next-sentence prediction needs at least two documents to draw negatives from.")
         for d in range(len(documents)):
             yield from self._document(documents, d, rng)
 
-    def _document(self, documents: Sequence[Document], d: int, rng: np.random.Generator) -> Iterator[Example]:
+    def _document(self, documents: Documents, d: int, rng: np.random.Generator) -> Iterator[Example]:
         doc = [s for s in documents[d] if len(s)]
         target = self._target_length(rng)
         chunk: list[np.ndarray] = []
@@ -173,16 +100,16 @@ class SentencePairs(ExampleBuilder):
         return self._pair(a, b, label), put_back
 
     @staticmethod
-    def _random_segment(documents, d: int, min_tokens: int, rng: np.random.Generator) -> np.ndarray | None:
+    def _random_segment(documents: Documents, d: int, min_tokens: int, rng: np.random.Generator) -> np.ndarray | None:
         """Sentences of document ``d`` from a random start until ``min_tokens`` are gathered. Only the
         sentences used are read (a document can be a whole book)."""
-        n = documents.num_sentences(d) if hasattr(documents, "num_sentences") else len(documents[d])
+        n = documents.num_sentences(d)
         if n == 0:
             return None
         start = int(rng.integers(0, n))
         parts, got = [], 0
         for i in range(start, n):
-            s = documents.sentence(d, i) if hasattr(documents, "sentence") else documents[d][i]
+            s = documents.sentence(d, i)
             if len(s):
                 parts.append(s)
                 got += len(s)
@@ -236,3 +163,6 @@ class SentencePairs(ExampleBuilder):
         types = np.zeros(len(ids), dtype=np.int8)
         types[len(a) + 2:] = 1
         return {"input_ids": ids, "token_type_ids": types, "label": np.array(label, dtype=np.int8)}
+
+
+__all__ = ["SentencePairs"]

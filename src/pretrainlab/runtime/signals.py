@@ -22,7 +22,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from pretrainlab.checkpoint import save as save_checkpoint
+from pretrainlab.runtime.checkpoints import save as save_checkpoint
 
 log = logging.getLogger("pretrainlab")
 

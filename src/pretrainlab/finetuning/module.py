@@ -18,8 +18,8 @@ import lightning as L
 
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec
-from pretrainlab.lit.pretrain import OptimConfig, lr_lambda
 from pretrainlab.model.encoder import Encoder
+from pretrainlab.optim import OptimConfig
 
 
 class FinetuneModule(L.LightningModule):
@@ -100,9 +100,6 @@ class FinetuneModule(L.LightningModule):
 
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.optim.param_groups(self), lr=self.optim.lr, betas=self.optim.betas,
-                                eps=self.optim.eps)
-        warmup = self.optim.warmup_steps(self.total_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, warmup, self.total_steps, self.optim.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        opt = self.optim.optimizer(self, "mixed" in str(self.trainer.precision))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.optim.schedule(opt, self.total_steps),
+                                                   "interval": "step"}}

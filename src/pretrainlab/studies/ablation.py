@@ -17,29 +17,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
+from pretrainlab.pretraining import run as pretraining
+from pretrainlab.runtime.hydra import compose
+from pretrainlab.studies.suite import run_suite
+
 log = logging.getLogger("pretrainlab")
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-def compose(name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
-    """A config composed as the CLI would compose it, and its group choices."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    def _compose():
-        cfg = hydra_compose(name, overrides=list(overrides), return_hydra_config=True)
-        choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items()
-                   if not k.startswith("hydra") and v is not None}
-        OmegaConf.set_struct(cfg, False)
-        cfg.pop("hydra")
-        return cfg, choices
-
-    if GlobalHydra.instance().is_initialized():
-        return _compose()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return _compose()
 
 
 def _set_group(cfg: DictConfig, group: str) -> None:
@@ -48,10 +31,6 @@ def _set_group(cfg: DictConfig, group: str) -> None:
 
 
 def run_study(cfg: DictConfig) -> dict:
-    from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
-    from pretrainlab.glue.suite import run_suite
-    from pretrainlab.train import run as pretrain
-
     root = Path(cfg.output_root).expanduser() / cfg.study
     runs = []
     for objective in cfg.objectives:
@@ -68,7 +47,7 @@ def run_study(cfg: DictConfig) -> dict:
             train_cfg, choices = compose("train", overrides)
             _set_group(train_cfg, cfg.study)
             train_cfg.export = True
-            pretrain(train_cfg, run_dir, choices=choices)
+            pretraining.run(train_cfg, run_dir, choices=choices)
 
     glue_overrides = [*cfg.glue.overrides]
     encoders = [(r, "pretrained") for r in runs] + ([(runs[0], "scratch")] if cfg.scratch and runs else [])

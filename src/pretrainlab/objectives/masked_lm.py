@@ -1,0 +1,122 @@
+"""Masked language modelling, the part RoBERTa, BERT and ALBERT share (and ELECTRA's generator uses).
+
+    MaskedLMCollator  pads a batch, selects ~rate of its tokens and corrupts them (80/10/10); the
+                      batch carries their flat positions and original ids (``mlm_positions``,
+                      ``mlm_labels``), so only they are scored
+    MaskedLM          the base of masked-LM objectives: masking settings, the MLM head tied to the
+                      word embeddings, its loss, its FLOPs and its Hugging Face export
+    mlm_head_flops    the cost of a sparse tied MLM head
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from pretrainlab.data.examples import Example
+from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
+from pretrainlab.model.heads import MaskedLMHead
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples
+from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
+from pretrainlab.tokens import SpecialTokens
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedLMCollator:
+    """Pads, then selects ~rate of the non-special tokens and corrupts them (80/10/10).
+
+    Masks are drawn anew every time an example is seen (dynamic masking, as RoBERTa). The batch
+    carries the flat positions and original ids of the selected tokens, so the head scores only
+    those (sparse prediction).
+    """
+
+    tokens: SpecialTokens
+    masking: MaskingConfig
+
+    @cached_property
+    def random_candidates(self) -> torch.Tensor:
+        return torch.from_numpy(self.tokens.random_candidates())
+
+    def eligible(self, input_ids: torch.Tensor) -> torch.Tensor:
+        special = torch.zeros_like(input_ids, dtype=torch.bool)
+        for i in self.tokens.special_ids:
+            special |= input_ids == i
+        return ~special
+
+    def select(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        return select_tokens(self.eligible(batch["input_ids"]), self.masking.rate, generator)
+
+    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+        batch = pad_examples(examples, self.tokens.pad_id)
+        selected = self.select(batch, generator)
+        original = batch["input_ids"]
+        batch["input_ids"] = corrupt(
+            original, selected, self.masking, self.tokens.mask_id, self.random_candidates, generator
+        )
+        batch["mlm_positions"] = selected.flatten().nonzero().squeeze(1)
+        batch["mlm_labels"] = original.flatten()[batch["mlm_positions"]]
+        return batch
+
+
+def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:
+    """Training FLOPs per input token of a sparse, tied MLM head (only mask_rate of tokens scored)."""
+    c = encoder_config
+    per_scored = 2 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
+    return 3.0 * mask_rate * per_scored
+
+
+class MaskedLM(Objective):
+    """A masked-LM objective: ``mask_rate`` of the tokens are predicted, of which
+    ``mask_token_prob`` are shown as ``[MASK]``, ``random_token_prob`` as a random token and the
+    rest unchanged. The head (dense, GELU, LayerNorm, decoder tied to the word embeddings) scores
+    the masked positions only, and the encoder's last layer computes only those rows.
+
+    Subclasses choose the examples (``example_builder``) and may add heads; ``forward`` of a plain
+    masked LM is complete here."""
+
+    def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str, mask_rate: float = 0.15,
+                 mask_token_prob: float = 0.8, random_token_prob: float = 0.1):
+        super().__init__(encoder_config, tokens, name)
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
+        self.mlm_head = MaskedLMHead.for_encoder(encoder_config)
+
+    def collator(self) -> MaskedLMCollator:
+        return MaskedLMCollator(self.tokens, self.masking)
+
+    def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
+        """The encoder's output at the masked rows (and the pooled [CLS], when it has a pooler)."""
+        return encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
+                       rows=batch["mlm_positions"])
+
+    def mlm_loss(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, accuracy) of the masked positions, whose hidden states ``out`` holds in the order
+        of ``batch["mlm_positions"]``."""
+        return self.mlm_head.loss(out.hidden_states, encoder.embeddings.word_embeddings.weight, batch["mlm_labels"])
+
+    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+        loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
+        return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
+
+    def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
+        # the last layer runs at the masked rows only; the pooler and pair heads run once per sequence
+        rate = self.masking.rate
+        return flops_per_token(encoder_config, seq_len, rate) + mlm_head_flops(encoder_config, rate)
+
+    @classmethod
+    def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+        src = "objective.mlm_head."
+        if f"{src}dense.weight" not in state or arch not in ("bert", "albert"):
+            return None
+        # BERT keeps the transform under cls.predictions.transform, ALBERT directly under predictions
+        p, transform, head_class = {"bert": ("cls.predictions.", "cls.predictions.transform.", "BertForMaskedLM"),
+                                    "albert": ("predictions.", "predictions.", "AlbertForMaskedLM")}[arch]
+        tensors = {f"{transform}{theirs}.{w}": state[f"{src}{ours}.{w}"]
+                   for ours, theirs in (("dense", "dense"), ("norm", "LayerNorm")) for w in ("weight", "bias")}
+        tensors |= {f"{p}bias": state[f"{src}bias"], f"{p}decoder.bias": state[f"{src}bias"],
+                    f"{p}decoder.weight": state["encoder.embeddings.word_embeddings.weight"]}  # tied
+        return head_class, tensors
+
+
+__all__ = ["MaskedLM", "MaskedLMCollator", "mlm_head_flops"]

@@ -1,0 +1,226 @@
+"""Compose a pretraining run from its config and run it. ``train.py`` at the repository root is
+the Hydra entry point; studies and tests call :func:`run` with a composed config and a run directory.
+
+Order matters and goes one way: checks (settings, run directory, a checkpoint to resume) ->
+corpus -> tokenizer -> encoder config (vocabulary from the tokenizer) -> objective -> examples ->
+LightningModule -> Trainer -> export.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab.data.datamodule import PretrainDataModule
+from pretrainlab.data.pipeline import PretrainData
+from pretrainlab.export import export_encoder
+from pretrainlab.model.encoder import ConfigError, EncoderConfig
+from pretrainlab.objectives.base import Objective
+from pretrainlab.optim import Budget
+from pretrainlab.pretraining.module import PretrainModule
+from pretrainlab.pretraining.timing import StepTimer
+from pretrainlab.runtime import hydra
+from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
+from pretrainlab.runtime.checkpoints import save as save_checkpoint
+from pretrainlab.runtime.devices import batch_split, check_precision, refuse_multirun_ddp, world_size
+from pretrainlab.runtime.rundir import checkpoint_to_resume, claim
+from pretrainlab.runtime.script import RunScript
+from pretrainlab.runtime.settings import check_pretraining
+from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint
+from pretrainlab.tokens import SpecialTokens, special_tokens
+
+log = logging.getLogger("pretrainlab")
+
+
+def validate(cfg: DictConfig) -> EncoderConfig:
+    """Refuse settings that cannot work, before anything expensive happens. Builds the model and
+    the objective once on the meta device (no memory), so that every one of their settings is
+    checked by their own constructors; returns the encoder config (its vocabulary size provisional)."""
+    check_pretraining(cfg)
+    check_precision(cfg)
+    refuse_multirun_ddp(cfg)
+    max_pos = cfg.model.get("max_position_embeddings", 512)
+    if cfg.max_seq_len > max_pos:
+        raise ConfigError(
+            f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
+            f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
+        )
+    batch_split(cfg.batch_size, world_size(cfg), cfg.get("device_batch_size"))
+    instantiate(cfg.optim)
+    encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
+    placeholder = SpecialTokens(encoder_config.vocab_size, 0, 1, 2, 3, 4,
+                                np.zeros(encoder_config.vocab_size, dtype=bool))
+    with torch.device("meta"):
+        build_objective(cfg, encoder_config, placeholder)
+    return encoder_config
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run from its ``last.ckpt``."""
+    overrides = [o for o in hydra.command_overrides()
+                 if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir", "overwrite")]
+    return " ".join(["python train.py", *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run_dir}"),
+                     "ckpt_path=last"])
+
+
+def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
+    model_vocab = cfg.model.get("vocab_size")
+    if model_vocab is not None and model_vocab != vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {vocab_size} tokens but model.vocab_size={model_vocab}. Set model.vocab_size=null "
+            f"to size the embeddings from the tokenizer, or use a tokenizer with {model_vocab} tokens "
+            f"(tokenizer.vocab_size={model_vocab} if the corpus has enough distinct words)."
+        )
+    return instantiate(cfg.model, vocab_size=vocab_size)
+
+
+def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens: SpecialTokens) -> Objective:
+    """The objective plugin named by ``cfg.objective._target_``. Late objects (encoder config,
+    special tokens) go in through a partial, so Hydra passes them as they are."""
+    return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
+
+
+def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_token: float) -> Budget:
+    """The one budget set in ``cfg.budget`` (tokens, flops or minutes), else ``max_steps`` steps.
+    ``flops_per_token``: the objective's, for the first step's estimate of a FLOPs budget."""
+    chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}
+    if not chosen:
+        return Budget("steps", cfg.max_steps)
+    if len(chosen) > 1:
+        raise ConfigError(f"set one budget, not {len(chosen)}: {', '.join(f'budget.{k}' for k in chosen)}.")
+    kind, total = next(iter(chosen.items()))
+    store = datamodule.train_store
+    tokens_per_example = store.num_tokens / len(store) if store is not None else cfg.max_seq_len
+    tokens = cfg.batch_size * tokens_per_example
+    per_step = {"tokens": tokens, "flops": tokens * flops_per_token, "minutes": 0.0}[kind]
+    try:
+        return Budget(kind, float(total), per_step)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written.
+
+    ``choices`` (config group -> option, logged as ``choice.<group>``) default to Hydra's runtime
+    choices when running under ``train.py``."""
+    script = RunScript.of(cfg, run_dir, choices)
+    run_dir = script.dir
+    provisional = validate(cfg)
+    resume_from = checkpoint_to_resume(cfg.ckpt_path, run_dir)
+    claim(run_dir, resume_from, overwrite=bool(cfg.get("overwrite", False)))
+    objective_cfg = OmegaConf.to_container(cfg.objective, resolve=True)
+    if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
+        check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
+    script.start()
+
+    corpus = instantiate(cfg.data)
+    tokenizer_spec = instantiate(cfg.tokenizer)
+    data = PretrainData(corpus, tokenizer_spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
+    tokenizer = data.tokenizer
+    tokens = special_tokens(tokenizer, tokenizer_spec.special_tokens)
+    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    info = run_info(objective_cfg, encoder_config.to_dict())
+    if resume_from is not None:
+        check_resumable(resume_from, info)
+    objective = build_objective(cfg, encoder_config, tokens)
+
+    world = world_size(cfg)
+    device_batch, accumulate = batch_split(cfg.batch_size, world, cfg.get("device_batch_size"))
+    log.info("global batch %d = %d device(s) x %d micro-batch x %d accumulation", cfg.batch_size, world,
+             device_batch, accumulate)
+    datamodule = PretrainDataModule(
+        data, objective.example_builder(cfg.max_seq_len), objective.collator(), device_batch,
+        cfg.seed, num_workers=cfg.num_workers, accumulate=accumulate,
+    )
+    datamodule.prepare()
+    if datamodule.train_store is not None:
+        log.info("examples: %d train (%d tokens), %d val", len(datamodule.train_store),
+                 datamodule.train_store.num_tokens, len(datamodule.val_store))
+
+    budget = build_budget(cfg, datamodule, objective.flops_per_token(encoder_config, cfg.max_seq_len))
+    if budget.kind != "steps":
+        log.info("budget: %s %s (about %s per step); max_steps is not used", f"{budget.total:.4g}", budget.kind,
+                 f"{budget.expected_per_step or float('nan'):.4g}")
+    module = PretrainModule(encoder_config, objective, instantiate(cfg.optim), budget, cfg.max_seq_len,
+                            seed=cfg.seed, on_nonfinite=cfg.get("on_nonfinite", "stop"), run_info=info)
+    log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
+             objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
+
+    script.save_config()
+    logger = script.build_logger(resume=resume_from is not None)
+    checkpoint = StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
+                                 every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
+                                 save_last=True, save_on_train_epoch_end=False)
+    stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
+    steps = budget.kind == "steps"
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, max_steps=cfg.max_steps if steps else -1, max_epochs=-1, default_root_dir=str(run_dir),
+        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, *script.callbacks()], plugins=[CheckpointIO()],
+        val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
+        check_val_every_n_epoch=None, gradient_clip_val=module.optim.grad_clip, use_distributed_sampler=False,
+        accumulate_grad_batches=accumulate,
+    )
+    try:
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume_from is None else str(resume_from),
+                        weights_only=True)
+        except SIGTERMException:  # a signal before training started, while Lightning's handler was in place
+            stopper.signum = signal.SIGTERM
+        except SystemExit:  # Lightning's answer to a KeyboardInterrupt it caught (recorded by the stopper)
+            if stopper.signum is None:
+                raise
+        if stopper.signum is not None:
+            script.exit_code = stopper.exit_code
+            saved = (f"checkpoint saved at step {trainer.global_step} to {stopper.path}" if stopper.stopped else
+                     "stopped without saving; the last checkpoint written is the one to resume from")
+            log.warning("%s: %s. Resume with:\n  %s", signal.Signals(stopper.signum).name, saved,
+                        resume_command(run_dir))
+            raise SystemExit(script.exit_code) from None
+        if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
+            save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")  # the final state
+        result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        result["global_step"] = trainer.global_step
+        result["run_dir"] = str(run_dir)
+        if trainer.is_global_zero and cfg.export:
+            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
+                "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
+                "tokens_seen": float(module.tokens_seen), "flops": float(module.tokens_seen) * module.flops_per_token,
+                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True),
+            })
+            result["encoder_dir"] = str(out)
+            log.info("exported encoder -> %s", out)
+            if cfg.get("log_encoder_artifact"):
+                log_encoder_artifact(logger, out, objective.name)
+        script.exit_code = 0
+    finally:
+        script.finish()
+    return result
+
+
+def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:
+    """The exported encoder as a W&B model artifact of this run (uploaded by `wandb sync` when offline)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if not isinstance(logger, WandbLogger):
+        log.warning("log_encoder_artifact=true needs logger=wandb; no artifact logged")
+        return
+    import wandb
+
+    run = logger.experiment
+    artifact = wandb.Artifact(f"encoder-{run.id}", type="model", metadata={"objective": objective})
+    artifact.add_dir(str(export_dir))
+    run.log_artifact(artifact, aliases=["latest"])
+
+
+__all__ = ["build_budget", "build_encoder_config", "build_objective", "resume_command", "run", "validate"]

@@ -1,0 +1,73 @@
+"""Devices: how many processes a trainer config runs, how the global batch splits over them, and
+the device settings that cannot work."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab.model.encoder import ConfigError
+
+
+def world_size(cfg: DictConfig) -> int:
+    """Processes (devices x nodes) that ``cfg.trainer`` trains on."""
+    devices = cfg.trainer.get("devices", 1)
+    nodes = cfg.trainer.get("num_nodes", 1) or 1
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        return len(devices) * nodes
+    if devices in ("auto", -1, "-1"):
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+            return max(1, torch.cuda.device_count()) * nodes
+        return nodes
+    return int(devices) * nodes
+
+
+def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> tuple[int, int]:
+    """(micro-batch per device, gradient accumulation) for a global ``batch_size`` on ``world``
+    devices: batch_size = world x micro-batch x accumulation, exactly."""
+    if batch_size % world:
+        raise ConfigError(f"batch_size={batch_size} is not divisible by the {world} devices; the global batch "
+                          f"must split evenly across devices.")
+    per_device = batch_size // world
+    micro = device_batch_size or per_device
+    if micro > per_device or per_device % micro:
+        raise ConfigError(
+            f"device_batch_size={device_batch_size} does not divide the per-device batch {per_device} "
+            f"(batch_size={batch_size} / {world} devices); choose a divisor of {per_device}."
+        )
+    return micro, per_device // micro
+
+
+def check_precision(cfg: DictConfig) -> None:
+    """fp16 on CPU is refused: it has no fast kernels there."""
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if on_cpu and precision.startswith("16"):
+        raise ConfigError(
+            f"trainer.precision={precision} on CPU: float16 has no fast CPU kernels and runs orders of "
+            f"magnitude slower. Use trainer.precision=bf16-mixed (or 32-true) on CPU."
+        )
+
+
+def refuse_multirun_ddp(cfg: DictConfig) -> None:
+    """Hydra multirun + Lightning's ``ddp`` (which re-executes the command for every rank) makes
+    each rank start its own multirun (hydra#2070): refused, pointing to what works."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if strategy in ("ddp", "ddp_find_unused_parameters_true") and world_size(cfg) > 1:
+        raise ConfigError(
+            "Hydra multirun (-m) with trainer.strategy=ddp is not supported: ddp re-runs the command for every "
+            "rank, and each rank would start its own multirun. Use trainer.strategy=ddp_spawn for multirun, or run "
+            "one process per run (a W&B agent: sweeps/*.yaml; or a shell loop over python train.py ...)."
+        )
+
+
+__all__ = ["batch_split", "check_precision", "refuse_multirun_ddp", "world_size"]

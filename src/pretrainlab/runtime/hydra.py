@@ -1,0 +1,55 @@
+"""Hydra, as the run scripts use it: where the configs are, composing one as the command line
+would, and the choices of config groups a run was composed from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF = Path(__file__).resolve().parents[3] / "conf"
+
+
+def choices() -> dict[str, str]:
+    """The chosen config groups (objective=..., model=...) when running under Hydra; else {}."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items()
+            if not k.startswith("hydra") and v is not None}
+
+
+def command_overrides() -> list[str]:
+    """The overrides given on the command line of the running Hydra job ([] outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def compose(name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
+    """A config composed as the command line would compose it, and its group choices."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def _compose():
+        cfg = hydra_compose(name, overrides=list(overrides), return_hydra_config=True)
+        picked = {k: str(v) for k, v in cfg.hydra.runtime.choices.items()
+                  if not k.startswith("hydra") and v is not None}
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+        return cfg, picked
+
+    if GlobalHydra.instance().is_initialized():
+        return _compose()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return _compose()
+
+
+def options(group: str) -> list[str]:
+    """The options of a config group: the YAML files in conf/<group>/."""
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+__all__ = ["CONF", "choices", "command_overrides", "compose", "options"]

@@ -1,0 +1,73 @@
+"""A run's skeleton, shared by pretraining and fine-tuning: its directory, the process set-up
+(malloc, seed), its config file, its logger (closed with the run's exit code) and progress bar.
+
+    script = RunScript.of(cfg, run_dir, choices)   # run_dir None: Hydra's output directory
+    script.start()                                 # directory, malloc, seed: after the checks
+    ...                                            # data, model
+    script.save_config()
+    logger = script.build_logger(...)
+    try:
+        trainer.fit(...)
+        script.exit_code = 0                       # anything else is a failure, for W&B too
+    finally:
+        script.finish()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab.runtime import hydra
+from pretrainlab.runtime.loggers import build_logger, finish_logger
+from pretrainlab.runtime.malloc import keep_freed_memory
+
+
+@dataclass
+class RunScript:
+    cfg: DictConfig
+    dir: Path
+    choices: dict[str, str]         # config group -> option, logged as choice.<group>
+    exit_code: int = 1
+    logger: Logger | bool = field(default=False, repr=False)
+
+    @classmethod
+    def of(cls, cfg: DictConfig, run_dir: str | Path | None = None,
+           choices: dict[str, str] | None = None) -> "RunScript":
+        if run_dir is None:
+            from hydra.core.hydra_config import HydraConfig
+
+            run_dir = HydraConfig.get().runtime.output_dir
+        return cls(cfg, Path(run_dir), hydra.choices() if choices is None else choices)
+
+    def start(self) -> None:
+        """Create the run directory; set up the process (malloc, every seed)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.get("keep_freed_memory", True):
+            keep_freed_memory()
+        L.seed_everything(self.cfg.seed, workers=True, verbose=False)
+
+    def save_config(self) -> None:
+        OmegaConf.save(self.cfg, self.dir / "config.yaml", resolve=True)
+
+    def callbacks(self) -> list[Callback]:
+        """The progress bar, unless the trainer config turns it off."""
+        if not self.cfg.trainer.get("enable_progress_bar", True):
+            return []
+        return [TQDMProgressBar(refresh_rate=self.cfg.progress_refresh_rate)]
+
+    def build_logger(self, **kwargs: Any) -> Logger | bool:
+        self.logger = build_logger(self.cfg, self.dir, self.choices, **kwargs)
+        return self.logger
+
+    def finish(self) -> None:
+        finish_logger(self.logger, self.exit_code)
+
+
+__all__ = ["RunScript"]
