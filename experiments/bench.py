@@ -98,22 +98,19 @@ def make_batch(objective, seq_len: int, batch_size: int, seed: int = 0):
 
 
 def build_ours(objective_name: str, model: str):
+    """Our encoder and objective, composed from conf/ as train.py composes them."""
     import numpy as np
-    from omegaconf import OmegaConf
 
-    from pretrainlab.model.encoder import Encoder, EncoderConfig
+    from pretrainlab.model.encoder import Encoder
+    from pretrainlab.pretraining.run import build_encoder_config, build_objective
+    from pretrainlab.runtime.hydra import compose
     from pretrainlab.tokens import SpecialTokens
 
     tokens = SpecialTokens(VOCAB, SPECIAL["pad"], SPECIAL["unk"], SPECIAL["cls"], SPECIAL["sep"], SPECIAL["mask"],
                            np.zeros(VOCAB, dtype=bool))
-    mcfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"))
-    mcfg.pop("_target_")
-    mcfg["vocab_size"] = VOCAB
-    config = EncoderConfig(**mcfg)
-    ocfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "objective" / f"{objective_name}.yaml"))
-    target = ocfg.pop("_target_")
-    module, cls = target.rsplit(".", 1)
-    objective = getattr(__import__(module, fromlist=[cls]), cls)(encoder_config=config, tokens=tokens, **ocfg)
+    cfg, _ = compose("train", [f"model={model}", f"objective={objective_name}"])
+    config = build_encoder_config(cfg, VOCAB)
+    objective = build_objective(cfg, config, tokens)
     encoder = Encoder(config)
     if encoder.pooler is not None and not objective.uses_pooler:
         encoder.pooler.requires_grad_(False)
@@ -372,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="mini")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--objectives", default="bert,albert,roberta,electra")
+    parser.add_argument("--objectives", default=None, help="comma-separated (default: every conf/objective/ option)")
     parser.add_argument("--precision", default="auto",
                         help="comma-separated fp32,bf16; auto: fp32, plus bf16 where the hardware has it natively")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side and round, ours and HF interleaved")
@@ -410,7 +407,14 @@ def main(argv: list[str] | None = None) -> int:
             print("bf16 skipped: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 matmuls run in a slow "
                   "emulation (20-30x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway")
     results = []
-    objectives = [o for o in args.objectives.split(",") if o]
+    if args.objectives is None:  # every objective of conf/objective/ that has a transformers peer
+        from pretrainlab.runtime.hydra import options
+
+        objectives = [o for o in options("objective") if o in HF_CLASSES]
+        for o in sorted(set(options("objective")) - set(HF_CLASSES)):
+            print(f"{o}: no transformers peer in this benchmark; not measured")
+    else:
+        objectives = [o for o in args.objectives.split(",") if o]
     unknown = [o for o in objectives if o not in HF_CLASSES]
     if unknown:
         parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(HF_CLASSES)}")

@@ -143,7 +143,7 @@ def test_cpu_dropout_is_seeded_fresh_per_call_and_off_in_eval():
 def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     """In training on CPU attention is computed by hand (to use the cheap dropout); with that dropout
     made the identity it must equal scaled_dot_product_attention, padding mask included."""
-    import pretrainlab.model.encoder as encoder_module
+    import pretrainlab.model.attention as encoder_module
 
     torch.manual_seed(0)
     cfg = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,

@@ -11,7 +11,7 @@ from pretrainlab.objectives.electra import ELECTRA
 from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, select_ngrams, word_spans
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.tokens import SpecialTokens
-from tests.conftest import compose_train
+from tests.conftest import CONF, compose_train
 from hydra.utils import instantiate
 
 CLS, SEP = 2, 3
@@ -254,3 +254,39 @@ def test_truncation_trims_like_one_token_at_a_time():
         if la - ra >= 10:
             fronts.append(int(ta[0]) / (la - ra))
     assert abs(np.mean(fronts) - 0.5) < 0.05  # each removal took the front half of the time
+
+
+@pytest.mark.parametrize("name", [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))])
+def test_every_objective_keeps_the_plugin_contract(name):
+    """Every conf/objective/ option: its builder makes examples, its collator (picklable, no
+    weights) makes batches with the keys the training loop relies on, its forward gives a
+    finite loss and detached metrics, it reports its FLOPs and maps its head for export."""
+    import pickle
+
+    from pretrainlab.model.encoder import flops_per_token
+    from pretrainlab.objectives.base import BATCH_KEYS, Objective
+    from pretrainlab.pretraining.run import build_objective
+    from tests.conftest import random_documents
+
+    tokens = SpecialTokens(500, 0, 1, 2, 3, 4, np.zeros(500, dtype=bool))
+    config = EncoderConfig(vocab_size=500, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    objective = build_objective(compose_train(f"objective={name}"), config, tokens)
+    assert isinstance(objective, Objective) and objective.name == name
+    examples = list(objective.example_builder(32)(random_documents(40), np.random.default_rng(0)))
+    assert examples and all(len(e["input_ids"]) <= 32 for e in examples)
+    collator = pickle.loads(pickle.dumps(objective.collator()))
+    batch = collator(examples[:8], torch.Generator().manual_seed(0))
+    assert set(BATCH_KEYS) <= set(batch)
+    assert batch["input_ids"].dtype == torch.int64 and batch["attention_mask"].shape == batch["input_ids"].shape
+    assert int(batch["n_tokens"]) == int(batch["attention_mask"].sum())
+    encoder = Encoder(config)
+    out = objective(encoder, batch)
+    assert out.loss.ndim == 0 and torch.isfinite(out.loss) and out.loss.requires_grad
+    assert out.metrics and all(not v.requires_grad and v.ndim == 0 for v in out.metrics.values())
+    assert objective.flops_per_token(config, 32) > flops_per_token(config, 32, 0.15) > 0
+    state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
+    state |= {f"objective.{k}": v for k, v in objective.state_dict().items()}
+    heads = [type(objective).hf_head(state, arch) for arch in ("bert", "albert", "electra")]
+    assert any(heads), "no transformers family takes this objective's head"
+    for head in filter(None, heads):
+        assert head[0].endswith(("ForMaskedLM", "ForPreTraining")) and all(torch.is_tensor(t) for t in head[1].values())

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, processors
 
 from pretrainlab import atomic
+from pretrainlab.data.tokenizer import load_tokenizer
 from pretrainlab.export.native import check_output_dir, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.runtime.checkpoints import read as read_checkpoint
@@ -187,7 +188,7 @@ def read_tokenizer(d: Path) -> tuple[Tokenizer, dict[str, str]]:
     specials = {r: (tcfg.get(f"{r}_token") or SPECIALS[r]) for r in ROLES}
     specials = {r: (v["content"] if isinstance(v, dict) else v) for r, v in specials.items()}
     if (d / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok = load_tokenizer(d / "tokenizer.json", "Replace it with the checkpoint's own tokenizer.json.")
         tok.no_padding()  # batches are padded by the pipeline, sequences truncated by task.max_seq_len
         tok.no_truncation()
         return tok, specials

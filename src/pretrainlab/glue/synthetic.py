@@ -122,51 +122,38 @@ class _World:
         return replace(c, stage=None, subj_adj=None, obj_adj=None, prep=None)
 
 
-def _cola(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        c = w.clause(t)
-        if w.rng.random() < 0.7:
-            rows.append(("syn", "1", "", c.render()))
-            continue
-        kind = w.rng.randrange(4)
-        if kind == 0:
-            words = c.words(verb_agreement=False)
-        elif kind == 1:
-            words = c.words(noun_number=False)
-        elif kind == 2:
+def _cola(w: _World, i: int, t: int) -> tuple:
+    c = w.clause(t)
+    if w.rng.random() < 0.7:
+        return ("syn", "1", "", c.render())
+    kind = w.rng.randrange(4)
+    if kind == 0:
+        words = c.words(verb_agreement=False)
+    elif kind == 1:
+        words = c.words(noun_number=False)
+    elif kind == 2:
+        words = [x for x in c.words() if x != c.verb]
+    else:
+        words = c.words()
+        j = w.rng.randrange(len(words) - 1)
+        words[j], words[j + 1] = words[j + 1], words[j]
+        if words == c.words():
             words = [x for x in c.words() if x != c.verb]
-        else:
-            words = c.words()
-            j = w.rng.randrange(len(words) - 1)
-            words[j], words[j + 1] = words[j + 1], words[j]
-            if words == c.words():
-                words = [x for x in c.words() if x != c.verb]
-        rows.append(("syn", "0", "*", render(words)))
-    return rows
+    return ("syn", "0", "*", render(words))
 
 
-def _sst2(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for _ in range(n):
-        t = w.topic(topics)
-        rows.append((w.clause(t).render().lower().rstrip("."), str(int(t % 2 == 0))))
-    return rows
+def _sst2(w: _World, i: int, t: int) -> tuple:
+    return (w.clause(t).render().lower().rstrip("."), str(int(t % 2 == 0)))
 
 
-def _mrpc(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        a = w.clause(t)
-        if w.rng.random() < 0.68:
-            b, label = w.restyle(a, t), 1
-        else:
-            b = w.other_verb_or(w.restyle(a, t), t, "obj", base=a)
-            label = 0
-        rows.append((str(label), str(100000 + 2 * i), str(100001 + 2 * i), a.render(), b.render()))
-    return rows
+def _mrpc(w: _World, i: int, t: int) -> tuple:
+    a = w.clause(t)
+    if w.rng.random() < 0.68:
+        b, label = w.restyle(a, t), 1
+    else:
+        b = w.other_verb_or(w.restyle(a, t), t, "obj", base=a)
+        label = 0
+    return (str(label), str(100000 + 2 * i), str(100001 + 2 * i), a.render(), b.render())
 
 
 def _question(c: Clause, style: int) -> str:
@@ -177,42 +164,34 @@ def _question(c: Clause, style: int) -> str:
     return f"Which thing does {subj} {c.verb} {agr}?"
 
 
-def _qqp(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        a = w.clause(t)
-        if w.rng.random() < 0.37:
-            b, label = replace(a, subj_adj=w.adj(t)), 1
+def _qqp(w: _World, i: int, t: int) -> tuple:
+    a = w.clause(t)
+    if w.rng.random() < 0.37:
+        b, label = replace(a, subj_adj=w.adj(t)), 1
+    else:
+        b = w.other_verb_or(a, t, "subj", base=a)
+        label = 0
+    return (str(i), str(2 * i), str(2 * i + 1), _question(a, w.rng.randrange(2)),
+            _question(b, w.rng.randrange(2)), str(label))
+
+
+def _stsb(w: _World, i: int, t: int) -> tuple:
+    a = w.clause(t, prep=True)
+    slots = w.rng.sample(["subj", "verb", "obj", "prep"], k=w.rng.randint(0, 4))
+    b = w.restyle(a, t)
+    b = replace(b, prep=a.prep)
+    for s in slots:
+        if s == "subj":
+            b = replace(b, subj=w.noun(t, avoid=a.subj))
+        elif s == "verb":
+            b = replace(b, verb=w.verb(t, avoid=a.verb))
+        elif s == "obj":
+            b = replace(b, obj=w.noun(t, avoid=a.obj))
         else:
-            b = w.other_verb_or(a, t, "subj", base=a)
-            label = 0
-        rows.append((str(i), str(2 * i), str(2 * i + 1), _question(a, w.rng.randrange(2)),
-                     _question(b, w.rng.randrange(2)), str(label)))
-    return rows
-
-
-def _stsb(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        a = w.clause(t, prep=True)
-        slots = w.rng.sample(["subj", "verb", "obj", "prep"], k=w.rng.randint(0, 4))
-        b = w.restyle(a, t)
-        b = replace(b, prep=a.prep)
-        for s in slots:
-            if s == "subj":
-                b = replace(b, subj=w.noun(t, avoid=a.subj))
-            elif s == "verb":
-                b = replace(b, verb=w.verb(t, avoid=a.verb))
-            elif s == "obj":
-                b = replace(b, obj=w.noun(t, avoid=a.obj))
-            else:
-                b = replace(b, prep=(a.prep[0], w.noun(t, avoid=a.prep[1]), a.prep[2]))
-        score = 5.0 * (4 - len(slots)) / 4
-        rows.append((str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(),
-                     f"{score:.3f}"))
-    return rows
+            b = replace(b, prep=(a.prep[0], w.noun(t, avoid=a.prep[1]), a.prep[2]))
+    score = 5.0 * (4 - len(slots)) / 4
+    return (str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(),
+            f"{score:.3f}")
 
 
 NLI = ("entailment", "neutral", "contradiction")
@@ -231,52 +210,41 @@ def _nli_pair(w: _World, t: int, label: str) -> tuple[str, str]:
     return a.render(), h.render()
 
 
-def _mnli_rows(w: _World, n: int, topics, dev: bool) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        label = NLI[w.rng.randrange(3)]
-        p, h = _nli_pair(w, t, label)
-        extra = [label] * (5 if dev else 1)
-        rows.append((str(i), str(i), f"{i}n", f"topic{t}", "-", "-", "-", "-", p, h, *extra, label))
-    return rows
+def _mnli(w: _World, i: int, t: int, dev: bool = False) -> tuple:
+    label = NLI[w.rng.randrange(3)]
+    p, h = _nli_pair(w, t, label)
+    extra = [label] * (5 if dev else 1)
+    return (str(i), str(i), f"{i}n", f"topic{t}", "-", "-", "-", "-", p, h, *extra, label)
 
 
-def _qnli(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        c = w.clause(t)
-        q = replace(c, subj_adj=None)
-        if w.rng.random() < 0.5:
-            label = "entailment"
-        else:
-            label = "not_entailment"
-            q = w.other_verb_or(q, t, "subj", base=c)
-        rows.append((str(i), _question(q, 0), c.render(), label))
-    return rows
+def _rows(build, w: _World, n: int, topics: list[int] | None, **kwargs) -> list[tuple]:
+    """``n`` rows of a task: one call of its builder per row, each on a topic drawn from ``topics``."""
+    return [build(w, i, w.topic(topics), **kwargs) for i in range(n)]
 
 
-def _rte(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        label = "entailment" if w.rng.random() < 0.5 else w.rng.choice(["neutral", "contradiction"])
-        p, h = _nli_pair(w, t, label)
-        rows.append((str(i), p, h, "entailment" if label == "entailment" else "not_entailment"))
-    return rows
+def _qnli(w: _World, i: int, t: int) -> tuple:
+    c = w.clause(t)
+    q = replace(c, subj_adj=None)
+    if w.rng.random() < 0.5:
+        label = "entailment"
+    else:
+        label = "not_entailment"
+        q = w.other_verb_or(q, t, "subj", base=c)
+    return (str(i), _question(q, 0), c.render(), label)
 
 
-def _wnli(w: _World, n: int, topics) -> list[tuple]:
-    rows = []
-    for i in range(n):
-        t = w.topic(topics)
-        first = w.clause(t, prep=False, stage=False)
-        second = replace(w.clause(t, prep=False, stage=False), subj=first.obj, subj_pl=first.obj_pl, subj_adj=None)
-        label = int(w.rng.random() < 0.5)
-        claim = second if label else replace(second, subj=first.subj, subj_pl=first.subj_pl)
-        rows.append((str(i), f"{first.render()} {second.render()}", claim.render(), str(label)))
-    return rows
+def _rte(w: _World, i: int, t: int) -> tuple:
+    label = "entailment" if w.rng.random() < 0.5 else w.rng.choice(["neutral", "contradiction"])
+    p, h = _nli_pair(w, t, label)
+    return (str(i), p, h, "entailment" if label == "entailment" else "not_entailment")
+
+
+def _wnli(w: _World, i: int, t: int) -> tuple:
+    first = w.clause(t, prep=False, stage=False)
+    second = replace(w.clause(t, prep=False, stage=False), subj=first.obj, subj_pl=first.obj_pl, subj_adj=None)
+    label = int(w.rng.random() < 0.5)
+    claim = second if label else replace(second, subj=first.subj, subj_pl=first.subj_pl)
+    return (str(i), f"{first.render()} {second.render()}", claim.render(), str(label))
 
 
 HEADERS = {
@@ -339,12 +307,12 @@ class SyntheticGlue:
                     head = _MNLI_HEAD + (["label1", "label2", "label3", "label4", "label5"] if dev else ["label1"])
                     head += ["gold_label"]
                     if dev:
-                        _write(d / "dev_matched.tsv", head, _mnli_rows(w, n, seen, True))
+                        _write(d / "dev_matched.tsv", head, _rows(_mnli, w, n, seen, dev=True))
                         w2 = _World(language, random.Random(f"glue-{self.seed}-{task}-mismatched"))
-                        _write(d / "dev_mismatched.tsv", head, _mnli_rows(w2, n, unseen, True))
+                        _write(d / "dev_mismatched.tsv", head, _rows(_mnli, w2, n, unseen, dev=True))
                     else:
-                        _write(d / "train.tsv", head, _mnli_rows(w, n, seen, False))
+                        _write(d / "train.tsv", head, _rows(_mnli, w, n, seen))
                 else:
                     # CoLA's dev file, like the real one, has no final newline
-                    _write(d / f"{split}.tsv", HEADERS[task], BUILDERS[task](w, n, None),
+                    _write(d / f"{split}.tsv", HEADERS[task], _rows(BUILDERS[task], w, n, None),
                            final_newline=not (task == "cola" and split == "dev"))

@@ -5,8 +5,8 @@ be blamed on the objective and nothing else. It reads top to bottom:
 
     EncoderConfig  validated shapes (BERT, pre-LN, ALBERT factorisation + sharing, ELECTRA sizes)
     Embeddings     token + learned position + segment embeddings -> LayerNorm -> dropout
-    SelfAttention  fused QKV projection, F.scaled_dot_product_attention with a padding mask
-                   (on CPU in training, the same math with pretrainlab's cheap CPU dropout)
+    SelfAttention  (attention.py) fused QKV projection, scaled dot-product attention with a padding
+                   mask; every position queries, or only the rows a masked LM scores
     Layer          attention + GELU feed-forward, each with a residual and LayerNorm (post or pre)
     Encoder        embeddings -> (projection) -> layers -> (final LN) -> hidden states, pooled [CLS];
                    with ``rows=``, the last layer computes only the rows a masked LM scores
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrainlab.model.dropout import Dropout, dropout
+from pretrainlab.model.attention import SelfAttention
+from pretrainlab.model.dropout import Dropout
 
 
 class ConfigError(ValueError):
@@ -122,54 +123,6 @@ class Embeddings(nn.Module):
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.norm(x))
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
-        super().__init__()
-        self.num_heads = cfg.num_heads
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # one matmul instead of three
-        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.attention_dropout = cfg.attention_dropout
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) only those
-        positions query: keys and values still cover every position; returns (len(rows), hidden)."""
-        b, t, h = x.shape
-        nh, d = self.num_heads, h // self.num_heads
-        if rows is None:
-            q, k, v = self.qkv(x).view(b, t, 3, nh, d).permute(2, 0, 3, 1, 4)
-            y = self._attend(q, k, v, attn_mask)
-            return self.out(y.transpose(1, 2).reshape(b * t, h)).view(b, t, h)
-        k, v = F.linear(x, self.qkv.weight[h:], self.qkv.bias[h:]).view(b, t, 2, nh, d).permute(2, 0, 3, 1, 4)
-        q = F.linear(x.reshape(b * t, h).index_select(0, rows), self.qkv.weight[:h], self.qkv.bias[:h])
-        # the query rows laid out per sequence, (batch, slots): slot s of sequence i is its s-th row
-        seq = torch.div(rows, t, rounding_mode="floor")
-        counts = torch.bincount(seq, minlength=b)
-        order = torch.argsort(seq, stable=True)
-        slot = torch.empty_like(rows)
-        slot[order] = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[seq[order]]
-        slots = int(counts.max()) if len(rows) else 0
-        dense = q.new_zeros(b, slots, h).index_put((seq, slot), q)  # empty slots: ignored below
-        y = self._attend(dense.view(b, slots, nh, d).transpose(1, 2), k, v, attn_mask)
-        return self.out(y.transpose(1, 2)[seq, slot].reshape(len(rows), h))
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """q (batch, heads, queries, d), k and v (batch, heads, keys, d) -> (batch, heads, queries, d)."""
-        p = self.attention_dropout if self.training else 0.0
-        if p > 0.0 and q.device.type == "cpu":
-            # SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention
-            # weight; the same math with the cheap CPU dropout, on contiguous (batch x heads) blocks
-            b, nh, tq, d = q.shape
-            t = k.shape[2]
-            q3, k3, v3 = q.reshape(b * nh, tq, d), k.reshape(b * nh, t, d), v.reshape(b * nh, t, d)
-            if attn_mask is None:
-                scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(d**-0.5)
-            else:  # -inf on padded keys, added by the same kernel
-                bias = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
-                scores = torch.baddbmm(bias.expand(b, nh, 1, t).reshape(-1, 1, t), q3, k3.transpose(1, 2), alpha=d**-0.5)
-            return torch.bmm(dropout(scores.softmax(-1), p), v3).view(b, nh, tq, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
 
 
 class Layer(nn.Module):

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
 from pretrainlab.pretraining import run as pretraining
-from pretrainlab.runtime.hydra import compose
+from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.studies.suite import run_suite
 
 log = logging.getLogger("pretrainlab")
@@ -33,7 +33,8 @@ def _set_group(cfg: DictConfig, group: str) -> None:
 def run_study(cfg: DictConfig) -> dict:
     root = Path(cfg.output_root).expanduser() / cfg.study
     runs = []
-    for objective in cfg.objectives:
+    objectives = options("objective") if cfg.objectives == "all" else list(cfg.objectives)
+    for objective in objectives:
         for seed in cfg.seeds:
             run_dir = root / "pretrain" / f"{objective}-s{seed}"
             runs.append(run_dir)
