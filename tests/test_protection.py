@@ -80,7 +80,7 @@ def test_an_export_killed_midway_leaves_nothing_behind_for_long(trained, tmp_pat
     script = (
         "import sys, time\n"
         "import pretrainlab.export.hf as hf\n"
-        "from pretrainlab.export import main\n"
+        "from pretrainlab.export.__main__ import main\n"
         "save = hf.save_file\n"
         "def slow(*a, **k):\n"
         "    save(*a, **k)\n"
