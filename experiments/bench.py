@@ -157,9 +157,8 @@ def hf_step_fn(objective_name: str, model, batch):
     import torch
 
     ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
-    labels = torch.full_like(ids, -100).flatten()
-    labels[batch["mlm_positions"]] = batch["mlm_labels"]
-    labels = labels.view_as(ids)
+    # the masked positions' original ids; -100 elsewhere (the empty slots carry -100 and point at [CLS])
+    labels = torch.full_like(ids, -100).scatter(1, batch["mlm_positions"], batch["mlm_labels"])
     if objective_name == "bert":
         return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
                              next_sentence_label=batch["labels"]).loss

@@ -41,6 +41,17 @@ SMALL = [
 ]
 
 
+def scored(batch: dict) -> tuple:
+    """A masked-LM batch's scored positions as flat indices into batch x seq (row by row, in
+    order), and their labels: the (batch, slots) layout without its empty slots."""
+    import torch
+
+    positions, labels = batch["mlm_positions"], batch["mlm_labels"]
+    keep = labels != -100
+    flat = positions + torch.arange(len(positions))[:, None] * batch["input_ids"].shape[1]
+    return flat[keep], labels[keep]
+
+
 def random_documents(n_docs: int, seed: int = 0, vocab=(5, 500)) -> list[list[np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [

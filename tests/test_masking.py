@@ -5,6 +5,7 @@ import torch
 from pretrainlab.objectives.masked_lm import MaskedLMCollator
 from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
 from pretrainlab.tokens import SpecialTokens
+from tests.conftest import scored
 
 V = 1000
 TOKENS = SpecialTokens(vocab_size=V, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
@@ -32,10 +33,10 @@ def test_masking_statistics_over_many_tokens():
         for i, e in enumerate(batch_examples):
             original[i, :len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
         special = (original <= 4)
-        pos = batch["mlm_positions"]
+        pos, labels = scored(batch)
         flat_orig, flat_new = original.flatten(), batch["input_ids"].flatten()
         assert not special.flatten()[pos].any(), "a special or padding token was selected"
-        assert torch.equal(batch["mlm_labels"], flat_orig[pos])
+        assert torch.equal(labels, flat_orig[pos])
         # nothing outside the selection changed
         unselected = torch.ones_like(flat_orig, dtype=torch.bool)
         unselected[pos] = False
@@ -58,8 +59,8 @@ def test_rates_are_configurable():
     coll = MaskedLMCollator(TOKENS, MaskingConfig(rate=0.4, mask_token_prob=1.0, random_token_prob=0.0))
     batch = coll(examples(100), torch.Generator().manual_seed(0))
     eligible = sum(int((e["input_ids"] > 4).sum()) for e in examples(100))
-    assert abs(len(batch["mlm_positions"]) / eligible - 0.4) < 0.01
-    assert bool((batch["input_ids"].flatten()[batch["mlm_positions"]] == 4).all())
+    assert abs(len(scored(batch)[0]) / eligible - 0.4) < 0.01
+    assert bool((batch["input_ids"].flatten()[scored(batch)[0]] == 4).all())
 
 
 def test_masks_are_reproducible_from_the_generator_and_new_per_seed():

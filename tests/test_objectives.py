@@ -11,7 +11,7 @@ from pretrainlab.objectives.electra import ELECTRA
 from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, select_ngrams, word_spans
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.tokens import SpecialTokens
-from tests.conftest import CONF, compose_train
+from tests.conftest import CONF, compose_train, scored
 from hydra.utils import instantiate
 
 CLS, SEP = 2, 3
@@ -130,7 +130,7 @@ def test_ngram_masking_never_splits_words_and_respects_the_budget():
         for r, e in enumerate(examples[i:i + 50]):
             ids[r, :len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
         selected = torch.zeros(ids.numel(), dtype=torch.bool)
-        selected[batch["mlm_positions"]] = True
+        selected[scored(batch)[0]] = True
         selected = selected.view_as(ids)
         cont = torch.from_numpy(continuation)[ids]
         # a continuation piece is selected exactly when the piece before it is
@@ -190,7 +190,7 @@ def test_electra_labels_are_exact_and_the_generator_shares_the_embeddings():
     replaced = disc_ids != original
     # only masked positions may change, and a position is labelled replaced iff its token differs
     outside = torch.ones_like(replaced)
-    outside[batch["mlm_positions"]] = False
+    outside[scored(batch)[0]] = False
     assert not replaced[outside].any()
     real = original != tokens.pad_id
     assert abs(float(out.metrics["replaced_frac"]) - float(replaced[real].float().mean())) < 1e-6
@@ -207,10 +207,11 @@ def test_electra_masking_is_85_percent_mask_15_percent_unchanged():
     rng = np.random.default_rng(0)
     examples = [{"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 120), [SEP]]).astype(np.int32)} for _ in range(100)]
     batch = obj.collator()(examples, torch.Generator().manual_seed(0))
-    at = batch["input_ids"].flatten()[batch["mlm_positions"]]
+    positions, labels = scored(batch)
+    at = batch["input_ids"].flatten()[positions]
     assert len(at) > 1500
     assert abs(float((at == 4).float().mean()) - 0.85) < 0.02
-    assert torch.equal(at[at != 4], batch["mlm_labels"][at != 4])
+    assert torch.equal(at[at != 4], labels[at != 4])
 
 
 def test_pair_objectives_need_a_pooler():

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrainlab.model.vocab_loss import linear_cross_entropy
+from pretrainlab.model.vocab_loss import linear_cross_entropy, plain_cross_entropy
 
 
 def problem(n=300, d=24, vocab=1000, bias=True, seed=0):
@@ -49,13 +49,16 @@ def test_samples_follow_the_tempered_softmax_across_slices(temperature):
     n = 40_000  # frequencies have a standard error below 0.0025
     h = probs.log().expand(n, 10).contiguous()
     w, labels = torch.eye(10), torch.zeros(n, dtype=torch.long)
-    _, _, samples = linear_cross_entropy(h, w, None, labels, temperature, torch.Generator().manual_seed(0),
+    uniform = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _, _, samples = linear_cross_entropy(h, w, None, labels, temperature, uniform,
                                          slice_size=3)  # slices of 3, 3, 3 and 1 words
     tempered = probs ** (1 / temperature)
     freq = torch.bincount(samples, minlength=10).float() / n
     torch.testing.assert_close(freq, tempered / tempered.sum(), atol=0.01, rtol=0)
-    again = linear_cross_entropy(h, w, None, labels, temperature, torch.Generator().manual_seed(0), slice_size=3)[2]
-    assert torch.equal(samples, again)  # the generator alone decides the draws
+    again = linear_cross_entropy(h, w, None, labels, temperature, uniform.clone(), slice_size=3)[2]
+    assert torch.equal(samples, again)  # the uniforms alone decide the draws
+    _, _, plain = plain_cross_entropy(h, w, None, labels, temperature=temperature, uniform=uniform)
+    assert (plain == samples).float().mean() > 0.999  # the full-logits path draws the same words
 
 
 def test_under_bf16_autocast_the_loss_is_close_and_gradients_keep_their_dtype():
@@ -73,3 +76,21 @@ def test_under_bf16_autocast_the_loss_is_close_and_gradients_keep_their_dtype():
 def test_shapes_are_checked():
     with pytest.raises(ValueError, match=r"hidden \(n, d\) and weight \(vocab, d\)"):
         linear_cross_entropy(torch.zeros(3, 4), torch.zeros(10, 5), None, torch.zeros(3, dtype=torch.long))
+
+
+def test_the_plain_path_ignores_empty_slots_and_matches_the_sliced_one():
+    """The GPU / torch.compile path (full logits, ignore_index) gives the sliced CPU path's loss,
+    accuracy and gradients over the scored rows; empty slots count nowhere."""
+    h, w, b, labels = problem()
+    labels = labels.clone()
+    labels[::5] = -100  # empty slots
+    keep = labels != -100
+    ref_loss, ref_acc = linear_cross_entropy(h[keep], w, b, labels[keep], slice_size=128)
+    ref_grads = torch.autograd.grad(ref_loss, (h, w, b))
+    loss, acc = plain_cross_entropy(h, w, b, labels)
+    grads = torch.autograd.grad(loss, (h, w, b))
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(acc, ref_acc)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert not grads[0][~keep].any()  # nothing flows into an empty slot

@@ -1,11 +1,10 @@
 """Self-attention of the shared encoder: one path for every case.
 
     SelfAttention   project -> split heads -> attention -> merge heads -> output projection. Queries
-                    are every position, or only the rows a masked LM scores (``RowQueries``); keys
-                    and values always cover every position.
+                    are every position, or only the rows a masked LM scores ((batch, slots)
+                    positions in each sequence); keys and values always cover every position.
     attention       the scaled dot-product kernel: ``F.scaled_dot_product_attention``, or on CPU in
-                    training the same math with pretrainlab's cheap dropout (a swap-in)
-    RowQueries      query rows given as flat indices into batch x seq, laid out per sequence
+                    eager training the same math with pretrainlab's cheap dropout (a swap-in)
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     bool or None -> (batch, heads, queries, d).
 
     SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention weight;
-    there the same math runs with the cheap CPU dropout, on contiguous (batch x heads) blocks."""
-    if dropout_p == 0.0 or q.device.type != "cpu":
+    there the same math runs with the cheap CPU dropout, on contiguous (batch x heads) blocks (not
+    under torch.compile, whose own kernels do the dropout)."""
+    if dropout_p == 0.0 or q.device.type != "cpu" or torch.compiler.is_compiling():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     b, nh, tq, d = q.shape
     t = k.shape[2]
@@ -37,30 +37,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return torch.bmm(dropout(scores.softmax(-1), dropout_p), v3).view(b, nh, tq, d)
 
 
-class RowQueries:
-    """Query rows (flat indices into batch x seq) laid out per sequence, (batch, slots): slot s of
-    sequence i holds its s-th row; empty slots are zeros, and their outputs are dropped."""
-
-    def __init__(self, rows: torch.Tensor, batch: int, seq_len: int):
-        self.rows = rows
-        self.seq = torch.div(rows, seq_len, rounding_mode="floor")
-        counts = torch.bincount(self.seq, minlength=batch)
-        order = torch.argsort(self.seq, stable=True)
-        self.slot = torch.empty_like(rows)
-        self.slot[order] = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[self.seq[order]]
-        self.batch, self.slots = batch, int(counts.max()) if len(rows) else 0
-
-    def select(self, x: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, width) -> the rows, (rows, width)."""
-        return x.reshape(-1, x.shape[-1]).index_select(0, self.rows)
-
-    def layout(self, r: torch.Tensor) -> torch.Tensor:
-        """(rows, width) -> (batch, slots, width)."""
-        return r.new_zeros(self.batch, self.slots, r.shape[-1]).index_put((self.seq, self.slot), r)
-
-    def scatter(self, y: torch.Tensor) -> torch.Tensor:
-        """(batch, slots, width) -> (rows, width), in the order the rows were given."""
-        return y[self.seq, self.slot]
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, width) at (batch, slots) positions -> (batch, slots, width)."""
+    return x.gather(1, rows[:, :, None].expand(-1, -1, x.shape[-1]))
 
 
 class SelfAttention(nn.Module):
@@ -72,21 +51,19 @@ class SelfAttention(nn.Module):
         self.attention_dropout = cfg.attention_dropout
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) only those
-        positions query: keys and values still cover every position; returns (len(rows), hidden)."""
-        b, t, h = x.shape
+        """(batch, seq, hidden) -> the same. With ``rows`` ((batch, slots) positions in each
+        sequence) only those positions query: keys and values still cover every position; returns
+        (batch, slots, hidden)."""
+        b, _, h = x.shape
         w, bias = self.qkv.weight, self.qkv.bias
         if rows is None:  # every position queries: q, k and v from one matmul
             q, k, v = self.qkv(x).split(h, dim=-1)
-            queries = None
         else:
             k, v = F.linear(x, w[h:], bias[h:]).split(h, dim=-1)
-            queries = RowQueries(rows, b, t)
-            q = queries.layout(F.linear(queries.select(x), w[:h], bias[:h]))
+            q = F.linear(gather_rows(x, rows), w[:h], bias[:h])
         p = self.attention_dropout if self.training else 0.0
         y = attention(self._split(q), self._split(k), self._split(v), attn_mask, p)
-        y = y.transpose(1, 2).reshape(b, -1, h)
-        return self.out(y) if queries is None else self.out(queries.scatter(y))
+        return self.out(y.transpose(1, 2).reshape(b, -1, h))
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, n, hidden) -> (batch, heads, n, hidden / heads)."""
@@ -94,4 +71,4 @@ class SelfAttention(nn.Module):
         return x.view(b, n, self.num_heads, h // self.num_heads).transpose(1, 2)
 
 
-__all__ = ["RowQueries", "SelfAttention", "attention"]
+__all__ = ["SelfAttention", "attention", "gather_rows"]

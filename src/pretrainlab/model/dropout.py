@@ -9,7 +9,8 @@ the exact inverse of the keep probability, so the expectation is unchanged. Each
 generator with one draw from torch's default generator: ``torch.manual_seed`` makes it
 reproducible.
 
-On other devices ``torch.nn.functional.dropout`` (a fused kernel) is used.
+On other devices, and under ``torch.compile`` (whose kernels fuse dropout into its neighbours),
+``torch.nn.functional.dropout`` is used.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     _check(p)
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():  # fused kernels (compiled ones, too)
         return F.dropout(x, p, True)
     return _MaskedScale.apply(x, *_keep_mask(x.shape, p, x.dtype))
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrainlab.model.attention import SelfAttention
+from pretrainlab.model.attention import SelfAttention, gather_rows
 from pretrainlab.model.dropout import Dropout
 
 
@@ -140,10 +140,10 @@ class Layer(nn.Module):
         return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, seq, hidden) -> the same. With ``rows`` (flat indices into batch x seq) every position
-        is still attended to, but only those rows query, and only they go through the feed-forward:
-        (len(rows), hidden)."""
-        residual = x if rows is None else x.reshape(-1, x.shape[-1]).index_select(0, rows)
+        """(batch, seq, hidden) -> the same. With ``rows`` ((batch, slots) positions in each sequence)
+        every position is still attended to, but only those query, and only they go through the
+        feed-forward: (batch, slots, hidden)."""
+        residual = x if rows is None else gather_rows(x, rows)
         if self.pre_ln:
             x = residual + self.dropout(self.attention(self.attention_norm(x), attn_mask, rows))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
@@ -192,11 +192,12 @@ class Encoder(nn.Module):
     ) -> EncoderOutput:
         """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
         ``embeddings``: another encoder's embeddings, for an encoder built without its own.
-        ``rows``: flat indices into batch x seq of the only positions whose output is wanted (the
-        masked positions of a masked LM). Only those rows query in the last layer and go through
-        its output projection and feed-forward, and ``hidden_states`` is (len(rows), hidden), in
-        the order given; the pooled [CLS] vector is unaffected. Every layer still attends over all
-        positions, so the rows are exactly what the full forward would give (up to dropout draws)."""
+        ``rows``: (batch, slots) positions in each sequence, the only ones whose output is wanted (the
+        masked positions of a masked LM; unused slots may repeat a position). Only those query in
+        the last layer and go through its output projection and feed-forward, and ``hidden_states``
+        is (batch, slots, hidden); the pooled [CLS] vector is unaffected. Every layer still attends
+        over all positions, so the rows are exactly what the full forward would give (up to dropout
+        draws). Their shape comes from the batch, so nothing here waits for the device."""
         b, t = input_ids.shape
         if t > self.config.max_position_embeddings:
             raise ConfigError(
@@ -207,12 +208,13 @@ class Encoder(nn.Module):
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real
-        # batch needs no mask; on CPU checking costs nothing and saves a pass per layer.
+        # batch needs no mask; on CPU in eager mode checking costs nothing and saves a pass per layer.
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        if attn_mask is not None and attn_mask.device.type == "cpu" and bool(attn_mask.all()):
+        if (attn_mask is not None and attn_mask.device.type == "cpu" and not torch.compiler.is_compiling()
+                and bool(attn_mask.all())):
             attn_mask = None
         if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
-            rows = torch.cat([torch.arange(0, b * t, t, device=rows.device), rows])
+            rows = torch.cat([rows.new_zeros(b, 1), rows], dim=1)
         n = self.config.num_layers
         for i in range(n):
             x = self.layers[0 if self.config.share_layers else i](x, attn_mask, rows if i == n - 1 else None)
@@ -220,8 +222,8 @@ class Encoder(nn.Module):
             x = self.final_norm(x)
         if self.pooler is None:
             return EncoderOutput(x, None)
-        hidden, cls = (x, x[:, 0]) if rows is None else (x[b:], x[:b])
-        return EncoderOutput(hidden, torch.tanh(self.pooler(cls)))
+        hidden = x if rows is None else x[:, 1:]
+        return EncoderOutput(hidden, torch.tanh(self.pooler(x[:, 0])))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrainlab.model.vocab_loss import linear_cross_entropy
+from pretrainlab.model.vocab_loss import linear_cross_entropy, plain_cross_entropy
+
+IGNORE = -100  # the label of a slot that is not scored
 
 
 class MaskedLMHead(nn.Module):
@@ -37,12 +39,30 @@ class MaskedLMHead(nn.Module):
         return self.norm(F.gelu(self.dense(hidden)))
 
     def loss(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, labels: torch.Tensor,
-             temperature: float | None = None, generator: torch.Generator | None = None):
-        """Mean cross-entropy of the rows' logits against ``labels`` and the accuracy of their argmax,
-        computed a slice of the vocabulary at a time; with ``temperature``, also one sample per row
-        from softmax(logits / temperature). Same values and gradients as ``F.cross_entropy`` of the
-        logits ``F.linear(self.transform(hidden), word_embeddings, self.bias)``."""
-        return linear_cross_entropy(self.transform(hidden), word_embeddings, self.bias, labels, temperature, generator)
+             temperature: float | None = None, uniform: torch.Tensor | None = None):
+        """Mean cross-entropy of the slots' logits against ``labels`` and the accuracy of their
+        argmax, over the slots whose label is not ``IGNORE``; with ``temperature``, also one sample
+        per slot from softmax(logits / temperature), by inverse CDF at ``uniform``. hidden (..., d),
+        labels and uniform (...). Same values and gradients as ``F.cross_entropy`` of the logits
+        ``F.linear(self.transform(hidden), word_embeddings, self.bias)``.
+
+        In eager mode on CPU the scored rows are picked out and the vocabulary is taken a slice at a
+        time (``linear_cross_entropy``); elsewhere every slot is scored from its full logits
+        (``plain_cross_entropy``), with no shape that depends on the data."""
+        shape = labels.shape
+        hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+        uniform = None if uniform is None else uniform.reshape(-1)
+        if hidden.device.type != "cpu" or torch.compiler.is_compiling():
+            out = plain_cross_entropy(self.transform(hidden), word_embeddings, self.bias, labels, IGNORE, temperature,
+                                      uniform)
+            return out if temperature is None else (*out[:2], out[2].view(shape))
+        rows = (labels != IGNORE).nonzero().squeeze(1)
+        out = linear_cross_entropy(self.transform(hidden[rows]), word_embeddings, self.bias, labels[rows], temperature,
+                                   None if uniform is None else uniform[rows])
+        if temperature is None:
+            return out
+        samples = torch.full_like(labels, IGNORE).index_put_((rows,), out[2])
+        return out[0], out[1], samples.view(shape)
 
 
 class PairHead(nn.Module):

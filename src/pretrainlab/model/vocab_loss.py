@@ -19,13 +19,18 @@ as much as the matmuls themselves.
 Each slice is a few MB, so it stays in cache between the matmul and the softmax and its memory is
 reused from step to step. It also returns the accuracy (the label's logit is the largest), and can
 draw one sample per row from softmax(logits / T) (ELECTRA's generator) by inverse CDF over the
-kept slices: one uniform per row instead of a Gumbel variable per logit. Under autocast the
+kept slices, at one given uniform per row instead of a Gumbel variable per logit.
+
+This is the CPU path. On a GPU, and under ``torch.compile``, ``plain_cross_entropy`` computes the
+same from the full logits of the rows: no host synchronisation, no Python loop, and kernels the
+compiler can fuse. Under autocast the
 matmuls run in the autocast dtype, the softmax in float32.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def _slice_size(device: torch.device) -> int:
@@ -33,14 +38,14 @@ def _slice_size(device: torch.device) -> int:
     return 2048 if device.type == "cpu" else 16384
 
 
-def _sample(kept, maxes, masses, final_max, temperature, generator, slice_size) -> torch.Tensor:
+def _sample(kept, maxes, masses, final_max, temperature, uniform, slice_size) -> torch.Tensor:
     """One draw per row from softmax(logits / T) by inverse CDF, from the kept slices
     exp(logits - max_j): first the slice (by its mass), then the word within it, one uniform per row."""
     n, device = final_max.shape[0], final_max.device
     # slice masses on a common scale: sum exp((logits - final max) / T)
     weights = torch.stack(masses, 1).double() * torch.exp((torch.stack(maxes, 1).double() - final_max.double()[:, None]) / temperature)
     cdf = weights.cumsum(1)
-    point = torch.rand(n, generator=generator, dtype=torch.float64, device=device) * cdf[:, -1]
+    point = uniform.to(device, torch.float64) * cdf[:, -1]
     chosen = torch.searchsorted(cdf, point[:, None], right=True).squeeze(1).clamp_(max=len(kept) - 1)
     below = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
     within = ((point - below) / weights.gather(1, chosen[:, None]).squeeze(1)).clamp_(0.0, 1.0)
@@ -58,7 +63,7 @@ def _sample(kept, maxes, masses, final_max, temperature, generator, slice_size) 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, generator, slice_size):
+    def forward(ctx, hidden, weight, bias, labels, temperature, uniform, slice_size):
         device = hidden.device.type
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         with torch.autocast(device, enabled=False):
@@ -95,7 +100,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = (lse - target).mean()
             accuracy = (target >= run_max).float().mean()  # the label's logit is the largest
             if temperature is not None:
-                samples = _sample(kept, maxes, masses, run_max, temperature, generator, slice_size)
+                samples = _sample(kept, maxes, masses, run_max, temperature, uniform, slice_size)
         ctx.save_for_backward(h, w, labels, lse)
         ctx.kept, ctx.maxes, ctx.slice_size = kept, maxes, slice_size
         ctx.has_bias, ctx.in_dtypes = b is not None, (hidden.dtype, weight.dtype)
@@ -149,7 +154,7 @@ def linear_cross_entropy(
     bias: torch.Tensor | None,
     labels: torch.Tensor,
     temperature: float | None = None,
-    generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
     slice_size: int | None = None,
 ):
     """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``labels``, and the accuracy of
@@ -157,13 +162,35 @@ def linear_cross_entropy(
 
     hidden (n, d), weight (vocab, d), bias (vocab,) or None, labels (n,) in [0, vocab).
     Returns ``(loss, accuracy)``; with ``temperature``, ``(loss, accuracy, samples)`` where
-    ``samples`` (n,) holds one draw per row from softmax(logits / temperature), its randomness
-    from ``generator``. Gradients flow to hidden, weight and bias, as with ``F.cross_entropy``.
+    ``samples`` (n,) holds one draw per row from softmax(logits / temperature), by inverse CDF at
+    ``uniform`` (n,) values in [0, 1). Gradients flow to hidden, weight and bias, as with
+    ``F.cross_entropy``.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"expected hidden (n, d) and weight (vocab, d), got {tuple(hidden.shape)} and {tuple(weight.shape)}")
     size = slice_size or _slice_size(hidden.device)
-    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, temperature, generator, size)
+    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, temperature, uniform, size)
 
 
-__all__ = ["linear_cross_entropy"]
+def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                        ignore_index: int = -100, temperature: float | None = None,
+                        uniform: torch.Tensor | None = None):
+    """As :func:`linear_cross_entropy`, from the full (rows x vocab) logits; rows labelled
+    ``ignore_index`` count nowhere (their sample is ``ignore_index``). Every shape is the input's,
+    nothing waits for the device: the path for GPUs and for ``torch.compile``."""
+    logits = F.linear(hidden, weight, bias).float()
+    valid = labels != ignore_index
+    loss = F.cross_entropy(logits, labels, ignore_index=ignore_index)
+    accuracy = ((logits.detach().argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)
+    if temperature is None:
+        return loss, accuracy
+    with torch.no_grad():
+        probs = torch.softmax(logits.detach() / temperature, dim=-1)
+        cdf = probs.cumsum(-1)
+        point = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
+        samples = torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+        samples = torch.where(valid, samples, ignore_index)
+    return loss, accuracy, samples
+
+
+__all__ = ["linear_cross_entropy", "plain_cross_entropy"]

@@ -43,5 +43,5 @@ class ALBERT(BERT):
             raise ValueError(f"objective.max_ngram must be at least 1, got {max_ngram}.")
         self.max_ngram = max_ngram
 
-    def collator(self) -> NgramMaskingCollator:
-        return NgramMaskingCollator(self.tokens, self.masking, self.max_ngram)
+    def collator(self, length: int | None = None) -> NgramMaskingCollator:
+        return NgramMaskingCollator(self.tokens, self.masking, length, self.max_ngram)

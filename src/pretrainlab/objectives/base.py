@@ -13,7 +13,7 @@ head, its loss, FLOPs and export.
 
     class MyObjective(Objective):
         def example_builder(self, max_seq_len) -> ExampleBuilder          # documents -> examples
-        def collator(self) -> Collator                                    # picklable, no weights
+        def collator(self, length=None) -> Collator                       # picklable, no weights
         def forward(self, encoder, batch) -> ObjectiveOutput              # loss + detached metrics
         def flops_per_token(self, encoder_config, seq_len) -> float       # for compute-matched runs
         @classmethod
@@ -21,7 +21,8 @@ head, its loss, FLOPs and export.
 
 A batch (what the collator returns and ``forward`` receives) is a dict of tensors. Every batch has
 the keys of :data:`BATCH_KEYS`, which the training loop relies on; the rest are the objective's own
-(``token_type_ids``, ``labels``, ``mlm_positions``, ``mlm_labels``, ...).
+(``token_type_ids``, ``labels``, ``mlm_positions``, ``mlm_labels``, ...). Collators take a fixed
+``length`` (``collator(length)``): then every batch has the same shapes, as CUDA graphs need.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class Objective(nn.Module):
     def example_builder(self, max_seq_len: int) -> ExampleBuilder:
         raise NotImplementedError
 
-    def collator(self) -> Collator:
+    def collator(self, length: int | None = None) -> Collator:
+        """The batch maker. ``length``: pad every batch to it (static shapes), else to its longest."""
         raise NotImplementedError
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
@@ -103,11 +105,15 @@ class Objective(nn.Module):
         return None
 
 
-def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int = 8) -> Batch:
+def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int = 8, length: int | None = None) -> Batch:
     """Stack variable-length examples right-padded: ``input_ids``, ``attention_mask``,
-    ``n_tokens``, and ``token_type_ids`` / ``labels`` when the examples have them."""
+    ``n_tokens``, and ``token_type_ids`` / ``labels`` when the examples have them. The width is the
+    longest example rounded up to ``pad_to_multiple_of``, or ``length`` (every batch the same
+    shape, as CUDA graphs need)."""
     longest = max(len(e["input_ids"]) for e in examples)
-    width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    if length is not None and longest > length:
+        raise ValueError(f"an example of {longest} tokens does not fit the fixed length {length}")
+    width = length or -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     ids = np.full((len(examples), width), pad_id, dtype=np.int64)
     types = np.zeros((len(examples), width), dtype=np.int64)
     for i, e in enumerate(examples):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pretrainlab.data.examples import Example
 from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
-from pretrainlab.model.heads import MaskedLMHead, TokenHead
+from pretrainlab.model.heads import IGNORE, MaskedLMHead, TokenHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
@@ -28,12 +28,13 @@ from pretrainlab.tokens import SpecialTokens
 
 @dataclass(frozen=True, eq=False)
 class ElectraCollator(MaskedLMCollator):
-    """Masks like the MLM collator and adds ``sample_seed``: the seed of the generator's sampling
-    for this batch, so replacements too come from the batch's explicit randomness."""
+    """Masks like the MLM collator and adds ``sample_uniform`` (batch, slots): the uniform number
+    at which the generator's distribution is sampled for each masked position, so replacements too
+    come from the batch's explicit randomness, the same on every device."""
 
     def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
         batch = super().__call__(examples, generator)
-        batch["sample_seed"] = torch.randint(0, 2**62, (), generator=generator)
+        batch["sample_uniform"] = torch.rand(batch["mlm_positions"].shape, generator=generator, dtype=torch.float64)
         return batch
 
 
@@ -73,46 +74,46 @@ class ELECTRA(Objective):
     def example_builder(self, max_seq_len: int) -> PackedBlocks:
         return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
 
-    def collator(self) -> ElectraCollator:
-        return ElectraCollator(self.tokens, self.masking)
+    def collator(self, length: int | None = None) -> ElectraCollator:
+        return ElectraCollator(self.tokens, self.masking, length)
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         ids, types, attention = batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
-        positions, originals = batch["mlm_positions"], batch["mlm_labels"]
+        positions, originals = batch["mlm_positions"], batch["mlm_labels"]  # (batch, slots)
         word_embeddings = encoder.embeddings.word_embeddings.weight
 
         # generator: masked LM on the corrupted input, through the shared embeddings, and one sample
         # from it at each masked position (no gradient flows through the sample)
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
-        rng = torch.Generator(device=ids.device)
-        rng.manual_seed(int(batch["sample_seed"]))
         gen_loss, gen_acc, sampled = self.generator_head.loss(gen.hidden_states, word_embeddings, originals,
-                                                              self.temperature, rng)
+                                                              self.temperature, batch["sample_uniform"])
         with torch.no_grad():
-            disc_ids = ids.flatten().index_put((positions,), sampled).view_as(ids)
-            replaced = torch.zeros(ids.numel(), dtype=torch.float32, device=ids.device)
-            replaced[positions] = (sampled != originals).float()  # a sample equal to the original is "original"
-            replaced = replaced.view_as(ids)
+            scored = originals != IGNORE  # empty slots point at [CLS] and change nothing
+            disc_ids = ids.scatter(1, positions, torch.where(scored, sampled, ids.gather(1, positions)))
+            # a sample equal to the original is "original"
+            replaced = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).scatter(
+                1, positions, (scored & (sampled != originals)).float())
 
         # discriminator: replaced or original, for every non-padding token
         disc = encoder(disc_ids, types, attention)
         disc_logits = self.discriminator_head(disc.hidden_states).float()
-        real = attention.bool()
-        disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], replaced[real])
+        real = attention.float()
+        n_real = real.sum()
+        disc_loss = F.binary_cross_entropy_with_logits(disc_logits, replaced, weight=real, reduction="sum") / n_real
 
         loss = self.gen_weight * gen_loss + self.disc_weight * disc_loss
         with torch.no_grad():
-            pred = disc_logits[real] > 0
-            target = replaced[real] > 0.5
-            tp = (pred & target).sum().float()
+            pred = (disc_logits > 0).float() * real
+            target = replaced * real
+            tp = (pred * target).sum()
             metrics = {
                 "gen_mlm_loss": gen_loss.detach(),
                 "gen_mlm_acc": gen_acc,
                 "rtd_loss": disc_loss.detach(),
-                "rtd_acc": (pred == target).float().mean(),
+                "rtd_acc": (((pred == target).float() * real).sum() / n_real),
                 "rtd_precision": tp / pred.sum().clamp(min=1),
                 "rtd_recall": tp / target.sum().clamp(min=1),
-                "replaced_frac": target.float().mean(),
+                "replaced_frac": target.sum() / n_real,
             }
         return ObjectiveOutput(loss, metrics)
 

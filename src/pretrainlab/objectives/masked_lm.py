@@ -1,8 +1,8 @@
 """Masked language modelling, the part RoBERTa, BERT and ALBERT share (and ELECTRA's generator uses).
 
     MaskedLMCollator  pads a batch, selects ~rate of its tokens and corrupts them (80/10/10); the
-                      batch carries their flat positions and original ids (``mlm_positions``,
-                      ``mlm_labels``), so only they are scored
+                      batch carries their positions and original ids per sequence (``mlm_positions``,
+                      ``mlm_labels``, (batch, slots)), so only they are scored
     MaskedLM          the base of masked-LM objectives: masking settings, the MLM head tied to the
                       word embeddings, its loss, its FLOPs and its Hugging Face export
     mlm_head_flops    the cost of a sparse tied MLM head
@@ -19,7 +19,7 @@ from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples
-from pretrainlab.objectives.masking import MaskingConfig, corrupt, select_tokens
+from pretrainlab.objectives.masking import MaskingConfig, corrupt, max_selected, select_tokens, slot_layout
 from pretrainlab.tokens import SpecialTokens
 
 
@@ -28,12 +28,15 @@ class MaskedLMCollator:
     """Pads, then selects ~rate of the non-special tokens and corrupts them (80/10/10).
 
     Masks are drawn anew every time an example is seen (dynamic masking, as RoBERTa). The batch
-    carries the flat positions and original ids of the selected tokens, so the head scores only
-    those (sparse prediction).
+    carries the selected tokens' positions in each sequence and their original ids, as (batch,
+    slots) with empty slots at position 0 labelled ``IGNORE``, so the head scores only those
+    (sparse prediction) and the model needs no data-dependent shape. With ``length``, every batch
+    is padded to it and has ``max_selected(length, rate)`` slots: fixed shapes.
     """
 
     tokens: SpecialTokens
     masking: MaskingConfig
+    length: int | None = None
 
     @cached_property
     def random_candidates(self) -> torch.Tensor:
@@ -49,14 +52,14 @@ class MaskedLMCollator:
         return select_tokens(self.eligible(batch["input_ids"]), self.masking.rate, generator)
 
     def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
-        batch = pad_examples(examples, self.tokens.pad_id)
+        batch = pad_examples(examples, self.tokens.pad_id, length=self.length)
         selected = self.select(batch, generator)
         original = batch["input_ids"]
         batch["input_ids"] = corrupt(
             original, selected, self.masking, self.tokens.mask_id, self.random_candidates, generator
         )
-        batch["mlm_positions"] = selected.flatten().nonzero().squeeze(1)
-        batch["mlm_labels"] = original.flatten()[batch["mlm_positions"]]
+        slots = None if self.length is None else max_selected(self.length, self.masking.rate)
+        batch["mlm_positions"], batch["mlm_labels"] = slot_layout(selected, original, slots)
         return batch
 
 
@@ -82,8 +85,8 @@ class MaskedLM(Objective):
         self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
         self.mlm_head = MaskedLMHead.for_encoder(encoder_config)
 
-    def collator(self) -> MaskedLMCollator:
-        return MaskedLMCollator(self.tokens, self.masking)
+    def collator(self, length: int | None = None) -> MaskedLMCollator:
+        return MaskedLMCollator(self.tokens, self.masking, length)
 
     def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
         """The encoder's output at the masked rows (and the pooled [CLS], when it has a pooler)."""
@@ -91,8 +94,8 @@ class MaskedLM(Objective):
                        rows=batch["mlm_positions"])
 
     def mlm_loss(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, accuracy) of the masked positions, whose hidden states ``out`` holds in the order
-        of ``batch["mlm_positions"]``."""
+        """(loss, accuracy) over the masked positions, whose hidden states ``out`` holds as (batch,
+        slots, hidden), laid out as ``batch["mlm_positions"]``."""
         return self.mlm_head.loss(out.hidden_states, encoder.embeddings.word_embeddings.weight, batch["mlm_labels"])
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:

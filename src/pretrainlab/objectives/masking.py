@@ -3,6 +3,8 @@
     select_tokens       choose ~rate of the eligible tokens of each row (unbiased, exact per row)
     select_ngrams       ALBERT's n-gram spans over whole words, p(n) proportional to 1/n
     corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable)
+    slot_layout         the selected positions of each row, as (batch, slots) with their labels
+    max_selected        the most tokens a row of a given width can have selected (a fixed slot count)
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from pretrainlab.model.heads import IGNORE  # the label of an empty slot
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,29 @@ def select_ngrams(
         for w, n in ngram_spans(starts, ends, budget, max_n, generator):
             out[row, starts[w]:ends[w + n - 1]] = True
     return torch.from_numpy(out)
+
+
+def max_selected(width: int, rate: float) -> int:
+    """The most positions ``select_tokens`` or ``select_ngrams`` can select in a row of ``width``
+    tokens: each selects at most floor(n x rate + u) of n <= width eligible tokens, u < 1."""
+    return int(width * rate) + 1
+
+
+def slot_layout(selected: torch.Tensor, labels: torch.Tensor, slots: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, labels), each (batch, slots): row i's selected positions in increasing order,
+    then empty slots at position 0 with label ``IGNORE``. ``slots``: a fixed count (static shapes),
+    else the most any row has."""
+    counts = selected.sum(1)
+    most = int(counts.max()) if selected.numel() else 0
+    if slots is None:
+        slots = most
+    elif most > slots:
+        raise ValueError(f"{most} positions selected in a row, more than its {slots} slots")
+    # a stable sort of "not selected" puts each row's selected positions first, in order
+    order = torch.argsort((~selected).to(torch.int8), dim=1, stable=True)[:, :slots]
+    filled = torch.arange(slots)[None, :] < counts[:, None]
+    positions = torch.where(filled, order, 0)
+    return positions, torch.where(filled, labels.gather(1, positions), IGNORE)
 
 
 def corrupt(
