@@ -77,6 +77,11 @@ class ExampleStore:
         values, _ = self.columns["input_ids"]
         return int(len(values))
 
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every example's number of tokens."""
+        return np.diff(self.columns["input_ids"][1])
+
 
 def examples_to_table(examples: Iterable[Example]) -> pa.Table:
     columns: dict[str, list] = {}

@@ -27,6 +27,7 @@ class BatchKey:
     epoch: int
     index: int
     example_ids: tuple[int, ...]
+    global_tokens: int | None = None  # tokens of this micro-batch on every rank together (with lengths)
 
 
 class EpochBatches(Sampler):
@@ -42,12 +43,16 @@ class EpochBatches(Sampler):
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, shuffle: bool = True,
                  drop_last: bool = True, rank: int = 0, world_size: int = 1, follow_epochs: bool = True,
-                 accumulate: int = 1):
+                 accumulate: int = 1, lengths: np.ndarray | None = None):
+        """``lengths``: the examples' token counts; then every key also says how many tokens its
+        micro-batch holds on all ranks together (``global_tokens``), which every rank knows without
+        communicating, since they share the order."""
         if batch_size < 1 or accumulate < 1:
             raise ValueError(f"batch size and accumulation must be positive, got {batch_size} and {accumulate}")
         self.n, self.batch_size, self.seed = num_examples, batch_size, seed
         self.shuffle, self.drop_last, self.rank, self.world_size = shuffle, drop_last, rank, world_size
         self.accumulate = accumulate
+        self.lengths = lengths
         self.epoch = 0
         self.follow_epochs = follow_epochs  # False: the same batches (and masks) every epoch
         self._skip = 0
@@ -81,14 +86,19 @@ class EpochBatches(Sampler):
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
         per_step, a = self.global_batch_size, self.accumulate
         for b in range(self.num_global_batches()):
-            mine = order[b * per_step:(b + 1) * per_step][self.rank::self.world_size]
+            step = order[b * per_step:(b + 1) * per_step]
+            mine = step[self.rank::self.world_size]
             for m in range(a):
                 k = b * a + m  # this rank's micro-batch number in the epoch
                 part = mine[m * self.batch_size:(m + 1) * self.batch_size]
                 if k < skip or not len(part):
                     continue
+                tokens = None
+                if self.lengths is not None:  # micro-batch m of every rank
+                    tokens = int(sum(self.lengths[step[r::self.world_size][m * self.batch_size:(m + 1) * self.batch_size]].sum()
+                                     for r in range(self.world_size)))
                 # masks are seeded by the key's index: unique per (step, rank, micro-batch)
-                yield BatchKey(self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part))
+                yield BatchKey(self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part), tokens)
 
 
 class ResumableLoader(DataLoader):
@@ -132,7 +142,10 @@ class MaskedBatches(Dataset):
 
     def __getitem__(self, key: BatchKey):
         g = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(1)[0]))
-        return self.collator([self.store[i] for i in key.example_ids], g)
+        batch = self.collator([self.store[i] for i in key.example_ids], g)
+        if key.global_tokens is not None:
+            batch["global_tokens"] = torch.tensor(key.global_tokens)
+        return batch
 
 
 class StreamingBatches(IterableDataset):

@@ -40,6 +40,12 @@ class PretrainDataModule(L.LightningDataModule):
         if self.train_store is None and not self.data.corpus.streaming:
             self.prepare()
 
+    def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        # the token count every rank shares becomes a number on the host: read without the device
+        if "global_tokens" in batch:
+            batch["global_tokens"] = float(batch["global_tokens"])
+        return batch
+
     def _rank(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -61,7 +67,7 @@ class PretrainDataModule(L.LightningDataModule):
             return self._loader(StreamingBatches(self.data, self.builder, self.collator, self.batch_size, self.seed,
                                                  "train", self.val_documents, self.buffer_documents, rank, world))
         sampler = EpochBatches(len(self.train_store), self.batch_size, self.seed, True, True, rank, world,
-                               accumulate=self.accumulate)
+                               accumulate=self.accumulate, lengths=self.train_store.lengths)
         return self._loader(MaskedBatches(self.train_store, self.collator, self.seed), sampler, ResumableLoader,
                             step_fn=self._global_step)
 

@@ -20,11 +20,13 @@ from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
+from pretrainlab.runtime.nonfinite import NonFiniteWatch
 
 
 class FinetuneModule(L.LightningModule):
     def __init__(self, encoder: Encoder, spec: TaskSpec, optim: OptimConfig, total_steps: int,
-                 classifier_dropout: float = 0.1, eval_splits: list[str] | None = None):
+                 classifier_dropout: float = 0.1, eval_splits: list[str] | None = None, compile: dict | None = None):
+        """``compile``: ``torch.compile`` options for the classifier's forward (None: eager)."""
         super().__init__()
         h = encoder.config.hidden_size
         self.encoder = encoder
@@ -39,8 +41,21 @@ class FinetuneModule(L.LightningModule):
         self.eval_splits = eval_splits or list(spec.eval_splits)
         self.history: list[dict] = []
         self._outputs: dict[int, list] = {}
+        self.nonfinite = NonFiniteWatch()
+        self.compile_options = compile
+        self._compiled = None  # made in setup(), in the process that trains (a compiled function does not pickle)
+
+    def setup(self, stage: str) -> None:
+        if self.compile_options is not None and self._compiled is None:
+            self._compiled = torch.compile(self.logits, **self.compile_options)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_compiled": None}
 
     def forward(self, batch: dict) -> torch.Tensor:
+        return (self._compiled or self.logits)(batch)
+
+    def logits(self, batch: dict) -> torch.Tensor:
         out = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         pooled = out.pooled if self.pooler is None else torch.tanh(self.pooler(out.hidden_states[:, 0]))
         logits = self.classifier(self.dropout(pooled)).float()
@@ -53,17 +68,26 @@ class FinetuneModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self._loss(self(batch), batch["labels"])
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"non-finite fine-tuning loss ({loss.item()}) at step {self.global_step}. Lower task.lr or raise "
-                f"task.warmup."
-            )
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.nonfinite.record(loss)  # looked at when logging and before every evaluation
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss", loss.detach(), prog_bar=True)
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.nonfinite.advance()
+        if self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+            self._check_finite()
+
+    def on_train_start(self) -> None:
+        self.nonfinite.start(self.global_step)
+
+    def _check_finite(self) -> None:
+        self.nonfinite.check("fine-tuning loss", "Lower task.lr or raise task.warmup.")
 
     # --- evaluation -------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
+        self._check_finite()
         self._outputs = {}
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:

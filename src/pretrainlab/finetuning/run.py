@@ -30,7 +30,7 @@ from pretrainlab.finetuning.module import FinetuneModule
 from pretrainlab.glue.data import EncodedDataset, collate, encode, load_task
 from pretrainlab.glue.tasks import get_task, task_score
 from pretrainlab.model.encoder import ConfigError
-from pretrainlab.runtime.devices import check_precision, world_size
+from pretrainlab.runtime.devices import check_precision, compile_options, world_size
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_finetuning
 from pretrainlab.runtime.signals import worker_init
@@ -85,7 +85,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
                                                 worker_init_fn=worker_init) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
     total_steps = steps_per_epoch * cfg.task.epochs
-    module = FinetuneModule(model.encoder, spec, optim, total_steps, cfg.task.classifier_dropout, eval_names)
+    module = FinetuneModule(model.encoder, spec, optim, total_steps, cfg.task.classifier_dropout, eval_names,
+                            compile=compile_options(cfg))
 
     script.save_config()
     logger = script.build_logger(

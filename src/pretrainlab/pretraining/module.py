@@ -10,11 +10,19 @@ optimises, counts and logs:
 
 Its counters (tokens seen, skipped batches, training seconds) are buffers, saved in checkpoints, so
 a resumed run keeps counting where it stopped. Step timing and throughput: ``timing.StepTimer``.
+
+The step leaves the device alone: the objective's forward and loss need nothing back from it (and
+can be compiled whole, ``compile=``); tokens are counted on the host, from the batch before it
+moves to the device; training metrics are logged only at the trainer's logging interval; and a
+non-finite loss is recorded on the device and looked at when the run logs or saves a checkpoint,
+so that no checkpoint is ever written after one (``on_nonfinite=skip`` needs to know at once, and
+waits for the device every step).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import lightning as L
 import numpy as np
@@ -22,19 +30,22 @@ import torch
 import torch.distributed as dist
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.objectives.base import Batch, Objective
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.optim import Budget, OptimConfig
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
+from pretrainlab.runtime.nonfinite import NonFiniteWatch
 
 log = logging.getLogger("pretrainlab")
 
 
 class PretrainModule(L.LightningModule):
     def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig, budget: Budget,
-                 seq_len: int, seed: int = 0, on_nonfinite: str = "stop", run_info: dict | None = None):
+                 seq_len: int, seed: int = 0, on_nonfinite: str = "stop", run_info: dict | None = None,
+                 compile: dict | None = None):
         """``budget``: how long to train (``Budget("steps", max_steps)`` for a plain run);
         ``run_info``: what checkpoints record of the run (objective and model settings), so that a
-        resumed run can be checked against it (``pretrainlab.runtime.checkpoints``)."""
+        resumed run can be checked against it (``pretrainlab.runtime.checkpoints``); ``compile``:
+        ``torch.compile`` options for the objective's forward and loss (None: eager)."""
         super().__init__()
         self.run_info = run_info or {}
         self.budget = budget
@@ -47,46 +58,82 @@ class PretrainModule(L.LightningModule):
         self.objective = objective
         self.optim = optim
         self.flops_per_token = float(objective.flops_per_token(encoder_config, seq_len))
-        # counters saved in checkpoints, so a resumed run keeps counting where it stopped
+        # counters saved in checkpoints, so a resumed run keeps counting where it stopped; the host
+        # keeps their values (tokens_seen, train_seconds below) and writes them into the buffers
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_batches", torch.zeros((), dtype=torch.int64))
-        self.register_buffer("train_seconds", torch.zeros((), dtype=torch.float64))  # kept by StepTimer
-        self.step_tokens: torch.Tensor | None = None  # tokens of the current micro-batch, all ranks
+        self.register_buffer("train_seconds", torch.zeros((), dtype=torch.float64))
+        self.nonfinite = NonFiniteWatch()
+        self._tokens = self._seconds = 0.0
+        self.batch_tokens: float | None = None  # tokens of the current micro-batch on all ranks (host)
+        self._log_now = False
+        self.compile_options = compile
+        self._compiled = None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        self._warmup_start: float | None = None
+        self._start_step = 0
+
+    def objective_loss(self, batch: Batch) -> ObjectiveOutput:
+        """The objective's forward and loss on the encoder: what ``compile`` compiles."""
+        return self.objective(self.encoder, batch)
+
+    def forward_loss(self, batch: Batch) -> ObjectiveOutput:
+        return (self._compiled or self.objective_loss)(batch)
+
+    def setup(self, stage: str) -> None:
+        if self.compile_options is not None and self._compiled is None:
+            self._compiled = torch.compile(self.objective_loss, **self.compile_options)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_compiled": None}
+
+    # --- counters --------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> float:
+        """Training tokens so far (all ranks)."""
+        return self._tokens
+
+    def add_train_seconds(self, seconds: float) -> None:
+        self._seconds += seconds
+        self.train_seconds.fill_(self._seconds)
+
+    def _count(self, batch: Batch) -> float:
+        """This micro-batch's tokens on all ranks: said by the batch itself (a number on the host,
+        see ``PretrainDataModule.on_before_batch_transfer``), or for a streamed corpus, where each
+        rank knows its own share only, summed over the ranks (waiting for the device)."""
+        if "global_tokens" in batch:
+            return batch["global_tokens"]
+        n = batch["n_tokens"].to(torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(n)
+        return float(n)
 
     # --- steps ----------------------------------------------------------------------------------
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        out = self.objective(self.encoder, batch)
-        finite = torch.isfinite(out.loss.detach()).to(torch.int32)
-        if dist.is_available() and dist.is_initialized():  # every rank takes the same decision
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        if not bool(finite):
-            if self.on_nonfinite == "skip":
-                self.skipped_batches += 1
-                log.warning("non-finite training loss at step %d: batch skipped (%d so far)", self.global_step,
-                            int(self.skipped_batches))
-                return None  # no backward, no optimizer step for this batch
-            raise FloatingPointError(
-                f"non-finite training loss ({out.loss.item()}) at step {self.global_step}: training stopped, "
-                f"checkpoints written so far are untouched. Lower optim.lr, raise optim.warmup, or use "
-                f"trainer.precision=bf16-mixed instead of 16-mixed; on_nonfinite=skip skips such batches instead."
-            )
-        n_tokens = batch["n_tokens"].to(torch.float64)
-        if dist.is_available() and dist.is_initialized():
-            n_tokens = n_tokens.clone()
-            dist.all_reduce(n_tokens)
-        self.tokens_seen += n_tokens
-        self.step_tokens = n_tokens
-        bs = batch["input_ids"].shape[0]
-        self.log("train/loss", out.loss.detach(), prog_bar=True, batch_size=bs)
-        for name, value in out.metrics.items():
-            self.log(f"train/{name}", value, prog_bar=name.endswith("acc"), batch_size=bs)
-        self.log("train/tokens_seen", self.tokens_seen, batch_size=bs)
-        self.log("train/flops", self.tokens_seen * self.flops_per_token, batch_size=bs)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
+        out = self.forward_loss(batch)
+        loss = out.loss.detach()
+        self.batch_tokens = None
+        if self.on_nonfinite == "skip" and not self._finite(loss):
+            self.skipped_batches += 1
+            log.warning("non-finite training loss at step %d: batch skipped (%d so far)", self.global_step,
+                        int(self.skipped_batches))
+            return None  # no backward, no optimizer step for this batch
+        if self.on_nonfinite == "stop":
+            self.nonfinite.record(loss)
+        self.batch_tokens = self._count(batch)
+        self._tokens += self.batch_tokens
+        self.tokens_seen.fill_(self._tokens)
+        if self._log_now:
+            bs = batch["input_ids"].shape[0]
+            self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+            for name, value in out.metrics.items():
+                self.log(f"train/{name}", value, prog_bar=name.endswith("acc"), batch_size=bs)
+            self.log("train/tokens_seen", self._tokens, batch_size=bs)
+            self.log("train/flops", self._tokens * self.flops_per_token, batch_size=bs)
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
         return out.loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        out = self.objective(self.encoder, batch)
+        out = self.forward_loss(batch)
         bs = batch["input_ids"].shape[0]
         self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=bs)
         for name, value in out.metrics.items():
@@ -96,28 +143,68 @@ class PretrainModule(L.LightningModule):
         # Dropout (and any other torch randomness in the step) is seeded by (seed, step, micro-batch,
         # rank): a resumed run draws exactly what an uninterrupted one would, without storing RNG state.
         micro = batch_idx % self.trainer.accumulate_grad_batches
-        torch.manual_seed(int(np.random.SeedSequence(
-            [self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0]))
-        self.step_tokens = None  # set by training_step unless the batch is skipped
+        seed = int(np.random.SeedSequence([self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0])
+        # the generators this step draws from; torch.manual_seed would also queue lazy seeding of
+        # every device type this process has not initialised (a stack trace each, every step)
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
+        # training metrics are logged at the trainer's interval only (Lightning writes them then)
+        self._log_now = (self.global_step + 1) % self.trainer.log_every_n_steps == 0
+        if self._compiled is not None and self._warmup_start is None:
+            self._warmup_start = time.perf_counter()
+
+    # --- non-finite losses (runtime.nonfinite) -------------------------------------------------
+    def _finite(self, loss: torch.Tensor) -> bool:
+        """Whether the loss is finite on every rank (all ranks take the same decision); waits for the device."""
+        finite = torch.isfinite(loss).to(torch.int32)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite)
+
+    def check_finite(self) -> None:
+        """Stop with a FloatingPointError naming the first step whose loss was not finite, if any."""
+        self.nonfinite.check("training loss", "Lower optim.lr, raise optim.warmup, or use trainer.precision=bf16-mixed "
+                                              "instead of 16-mixed; on_nonfinite=skip skips such batches instead.")
 
     # --- budget ----------------------------------------------------------------------------------
     def budget_used(self) -> float:
-        """What the run has used of its budget's unit, from the checkpointed counters."""
-        return self.budget.measure(self.global_step, float(self.tokens_seen),
-                                   float(self.tokens_seen) * self.flops_per_token, float(self.train_seconds))
+        """What the run has used of its budget's unit, from the host's counters."""
+        return self.budget.measure(self.global_step, self._tokens, self._tokens * self.flops_per_token, self._seconds)
 
     def on_train_start(self) -> None:
-        self.budget.start(self.budget_used())  # a resumed run starts counting from the checkpoint
+        # a resumed run counts on from its checkpoint's counters
+        self._tokens, self._seconds = float(self.tokens_seen), float(self.train_seconds)
+        self.nonfinite.start(self.global_step)
+        self._start_step = self.global_step
+        self.budget.start(self.budget_used())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:  # after an optimizer step
-            self.budget.record(self.budget_used())
+        if self._warmup_start and self.trainer.global_step == 1 + self._start_step:  # the first step, compiled
+            warmup = time.perf_counter() - self._warmup_start
+            log.info("the compiled training step took %.1fs to warm up (compilation included)", warmup)
+            self.log("perf/compile_warmup_s", warmup, batch_size=1)
+            self._warmup_start = 0.0  # reported
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+            return  # inside a gradient accumulation
+        self.nonfinite.advance()
+        self.budget.record(self.budget_used())
+        if self.budget.kind != "steps" and self.trainer.global_step % self.trainer.log_every_n_steps == 0:
             self.log("budget/used", self.budget.used, batch_size=1)
             self.log("budget/fraction", self.budget.progress, batch_size=1)
-            if self.budget.reached:
-                self.trainer.should_stop = True
+        if self.on_nonfinite == "stop" and self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+            self.check_finite()
+        reached = self.budget.reached
+        if self.budget.kind == "minutes" and self.trainer.world_size > 1:  # clocks differ: agree on the step
+            reached = self.trainer.strategy.reduce_boolean_decision(reached, all=False)
+        if reached:
+            self.trainer.should_stop = True
+
+    def on_train_end(self) -> None:
+        self.check_finite()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_finite()  # never a checkpoint of weights a non-finite loss has reached
         checkpoint[CHECKPOINT_KEY] = self.run_info
 
     # --- optimisation ---------------------------------------------------------------------------

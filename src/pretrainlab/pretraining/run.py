@@ -32,7 +32,9 @@ from pretrainlab.pretraining.timing import StepTimer
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
-from pretrainlab.runtime.devices import batch_split, check_precision, refuse_multirun_ddp, world_size
+from pretrainlab.runtime.devices import (
+    batch_split, check_precision, compile_options, refuse_multirun_ddp, static_shapes, world_size,
+)
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_pretraining
@@ -140,7 +142,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     log.info("global batch %d = %d device(s) x %d micro-batch x %d accumulation", cfg.batch_size, world,
              device_batch, accumulate)
     datamodule = PretrainDataModule(
-        data, objective.example_builder(cfg.max_seq_len), objective.collator(), device_batch,
+        data, objective.example_builder(cfg.max_seq_len),
+        objective.collator(cfg.max_seq_len if static_shapes(cfg) else None), device_batch,
         cfg.seed, num_workers=cfg.num_workers, accumulate=accumulate,
     )
     datamodule.prepare()
@@ -153,7 +156,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         log.info("budget: %s %s (about %s per step); max_steps is not used", f"{budget.total:.4g}", budget.kind,
                  f"{budget.expected_per_step or float('nan'):.4g}")
     module = PretrainModule(encoder_config, objective, instantiate(cfg.optim), budget, cfg.max_seq_len,
-                            seed=cfg.seed, on_nonfinite=cfg.get("on_nonfinite", "stop"), run_info=info)
+                            seed=cfg.seed, on_nonfinite=cfg.get("on_nonfinite", "stop"), run_info=info,
+                            compile=compile_options(cfg))
     log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
              objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
 
@@ -195,7 +199,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         if trainer.is_global_zero and cfg.export:
             out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
                 "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
-                "tokens_seen": float(module.tokens_seen), "flops": float(module.tokens_seen) * module.flops_per_token,
+                "tokens_seen": module.tokens, "flops": module.tokens * module.flops_per_token,
                 "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True),
             })
             result["encoder_dir"] = str(out)

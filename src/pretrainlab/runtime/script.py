@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.runtime import hydra
+from pretrainlab.runtime.devices import set_matmul_precision
 from pretrainlab.runtime.loggers import build_logger, finish_logger
 from pretrainlab.runtime.malloc import keep_freed_memory
 
@@ -47,10 +48,11 @@ class RunScript:
         return cls(cfg, Path(run_dir), hydra.choices() if choices is None else choices)
 
     def start(self) -> None:
-        """Create the run directory; set up the process (malloc, every seed)."""
+        """Create the run directory; set up the process (malloc, TF32, every seed)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.get("keep_freed_memory", True):
             keep_freed_memory()
+        set_matmul_precision(bool(self.cfg.get("tf32", True)))
         L.seed_everything(self.cfg.seed, workers=True, verbose=False)
 
     def save_config(self) -> None:

@@ -47,8 +47,9 @@ def fraction(closed_low: bool = False) -> tuple[Callable[[Any], bool], str]:
     return (lambda v: _is_number(v) and 0 < v < 1), "a number between 0 and 1 (exclusive)"
 
 
-def one_of(*choices: str) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v in choices), "one of " + ", ".join(choices)
+def one_of(*choices: Any) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: any(v is c or (type(v) is type(c) and v == c) for c in choices)), \
+        "one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
 
 
 def check(cfg: DictConfig, rules: dict[str, tuple[Callable[[Any], bool], str]], where: str) -> None:
@@ -72,6 +73,13 @@ OPTIM = {
     "optim.grad_clip": optional_positive(),
     "optim.betas.0": fraction(closed_low=True),
     "optim.betas.1": fraction(closed_low=True),
+}
+
+SPEED = {
+    "compile": one_of("auto", True, False),
+    "compile_mode": one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    "static_shapes": one_of("auto", True, False),
+    "tf32": one_of(True, False),
 }
 
 TRAINER = {
@@ -98,6 +106,7 @@ PRETRAIN = {
     "on_nonfinite": one_of("stop", "skip"),
     **OPTIM,
     **TRAINER,
+    **SPEED,
 }
 
 FINETUNE = {
@@ -115,6 +124,7 @@ FINETUNE = {
     "glue.max_eval_examples": optional_integer(1),
     "glue.synthetic.scale": positive(),
     **TRAINER,
+    **SPEED,
 }
 
 

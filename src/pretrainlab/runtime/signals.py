@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
@@ -59,7 +61,8 @@ class SaveOnSignal(Callback):
     all ranks agree on it with one all-reduce), so every rank saves and stops at the same step. The
     checkpoint is written from ``on_train_batch_end``, the point Lightning's own step checkpoints
     are written from, so the resumed run repeats the uninterrupted one exactly, also when that step
-    closed an epoch or the signal came in the middle of a gradient accumulation. (Lightning's own
+    closed an epoch or the signal came in the middle of a gradient accumulation. The ranks agree over
+    a CPU (gloo) group, so the check never waits for the GPUs. (Lightning's own
     handler stops right after the micro-batch in which the signal arrived, mid-step under
     accumulation, after the epoch has been closed at an epoch end, and under DDP runs a collective
     inside the signal handler, which can deadlock the ranks.)
@@ -72,6 +75,7 @@ class SaveOnSignal(Callback):
         self.signum: int | None = None
         self._step_at_start = -1
         self._previous_sigint: Any = None
+        self._group: Any = None
         self.stopped = False
 
     @property
@@ -89,6 +93,10 @@ class SaveOnSignal(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.received_sigterm:  # a signal before training started
             self.signum = signal.SIGTERM
+        self._group = None
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            # the ranks agree on a host-side flag over a CPU (gloo) group: no wait on the GPUs
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._request)  # Lightning restores its handlers at teardown
             self._previous_sigint = signal.signal(signal.SIGINT, self._request)
@@ -114,8 +122,10 @@ class SaveOnSignal(Callback):
         if trainer.global_step == self._step_at_start:
             return  # inside a gradient accumulation: the step is not finished
         stop = self.signum is not None
-        if trainer.world_size > 1:
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if self._group is not None:
+            flag = torch.tensor([int(stop)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            stop = bool(flag)
         if stop:
             if self.signum is None:  # another rank was signalled
                 self.signum = signal.SIGTERM
