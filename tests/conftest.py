@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own pretrainlab cache, so no test reads another's results."""
     monkeypatch.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_wandb_service():
+    """A W&B run started in this process puts its wandb-core service's address in WANDB_SERVICE,
+    for child processes to share; a train.py started later by a test would then log through this
+    process's service instead of its own. Every test starts without it."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
+def run_command(args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command to its end, its output in files rather than pipes: a process it leaves behind
+    (a DataLoader worker, a wandb-core service) holding a pipe open would keep a reader waiting
+    for the end of the output after the command has exited. On timeout the command's whole process
+    group is killed and the test fails with the end of its output."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, start_new_session=True, **kwargs)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            err.seek(0)
+            raise AssertionError(f"{' '.join(map(str, args[:4]))} ... still running after {timeout}s:\n"
+                                 f"{err.read()[-3000:]}") from None
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(args, code, out.read(), err.read())
 
 
 def compose_config(name: str, *overrides: str):

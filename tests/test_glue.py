@@ -288,21 +288,23 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
 
 
 def test_finetune_cli_and_compare_cli_offline(pretrained_run, tmp_path):
-    import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, run_command
 
     env = {**os.environ, "WANDB_MODE": "offline"}
     cmd = [sys.executable, "finetune.py", f"pretrained={pretrained_run}", "task=rte", "glue.source=synthetic",
            "glue.synthetic.scale=0.1", "task.epochs=1", "trainer.enable_progress_bar=false",
            f"hydra.run.dir={tmp_path}/ft"]
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    done = run_command(cmd, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "ft" / "results.json").read_text())
     assert result["task"] == "rte" and 0 <= result["metrics"]["accuracy"] <= 1
     runs = list((tmp_path / "ft" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1  # fine-tuning logs to W&B offline by default
     cmd = [sys.executable, "experiments/compare.py", str(tmp_path / "ft"), "--out", str(tmp_path / "cmp")]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
+    done = run_command(cmd, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     assert "| roberta |" in out and (tmp_path / "cmp" / "comparison.png").is_file()
     assert list((tmp_path / "cmp" / "wandb").glob("offline-run-*"))

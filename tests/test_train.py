@@ -2,7 +2,6 @@
 
 import csv
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import torch
 from pretrainlab.export import load_encoder
 from pretrainlab.model.encoder import ConfigError
 from pretrainlab.pretraining.run import run
-from tests.conftest import ROOT, SMALL, compose_train
+from tests.conftest import ROOT, SMALL, compose_train, run_command
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -158,11 +157,11 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
 def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PRETRAINLAB_CACHE": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
-    out = subprocess.run(
+    out = run_command(
         [sys.executable, "train.py", "model=tiny", "data.num_documents=200", "max_seq_len=64", "batch_size=16",
          "max_steps=6", "val_every=3", "checkpoint_every=3", "num_workers=0", "tokenizer.vocab_size=800",
          "log_encoder_artifact=true", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     offline = list((run_dir / "wandb").glob("offline-run-*"))

@@ -1,0 +1,116 @@
+"""On a CUDA GPU: the compiled step against eager in bf16, the masked rows in bf16, a step that never
+waits for the GPU, and exact resume with deterministic settings. Skipped where there is no GPU."""
+
+import csv
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.pretraining.run import build_objective
+from pretrainlab.tokens import SpecialTokens
+from tests.conftest import ROOT, SMALL, compose_train, random_documents, run_command
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+
+
+def setup(name: str, dropout: float = 0.0, length: int = 64):
+    torch.manual_seed(0)
+    tokens = SpecialTokens(1000, 0, 1, 2, 3, 4, np.zeros(1000, dtype=bool))
+    config = EncoderConfig(vocab_size=1000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
+                           hidden_dropout=dropout, attention_dropout=dropout)
+    objective = build_objective(compose_train(f"objective={name}"), config, tokens).cuda()
+    encoder = Encoder(config).cuda()
+    if not objective.uses_pooler:
+        encoder.pooler.requires_grad_(False)
+    examples = list(objective.example_builder(length)(random_documents(80, vocab=(5, 1000)), np.random.default_rng(0)))
+    batch = objective.collator(length)(examples[:16], torch.Generator().manual_seed(0))
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
+    params = [p for p in [*encoder.parameters(), *objective.parameters()] if p.requires_grad]
+    return objective, encoder, batch, params
+
+
+@pytest.mark.parametrize("name", ["roberta", "electra"])
+def test_the_compiled_step_equals_eager_in_bf16(name):
+    objective, encoder, batch, params = setup(name)
+
+    def step(fn):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(batch)
+        return out, torch.autograd.grad(out.loss, params)
+
+    eager, eager_grads = step(lambda b: objective(encoder, b))
+    torch._dynamo.reset()
+    compiled, compiled_grads = step(torch.compile(lambda b: objective(encoder, b), dynamic=False))
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=2e-2, atol=2e-2)
+    for a, b in zip(compiled_grads, eager_grads):  # bf16 rounding differs element by element: compare whole tensors
+        assert float((a.float() - b.float()).norm()) <= 3e-2 * float(b.float().norm()) + 1e-6
+
+
+def test_the_masked_rows_in_bf16_are_the_full_forwards_rows():
+    objective, encoder, batch, _ = setup("bert")
+    encoder.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        full = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        rows = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], rows=batch["mlm_positions"])
+    wanted = full.hidden_states.gather(1, batch["mlm_positions"][:, :, None].expand(-1, -1, full.hidden_states.shape[-1]))
+    torch.testing.assert_close(rows.hidden_states.float(), wanted.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(rows.pooled.float(), full.pooled.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["roberta", "bert", "albert", "electra"])
+def test_the_training_step_never_waits_for_the_gpu(name):
+    """Forward, loss, backward and the fused AdamW step with CUDA's synchronisation check set to
+    raise: no .item(), no data-dependent shape, nothing that copies back to the host."""
+    objective, encoder, batch, params = setup(name, dropout=0.1)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = objective(encoder, batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_resume_on_the_gpu_with_deterministic_settings_repeats_the_losses(tmp_path):
+    """A run killed after its step-10 checkpoint and resumed repeats the uninterrupted run's losses."""
+    import signal
+    import subprocess
+    import time
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    args = [sys.executable, "train.py", *SMALL, "trainer=gpu", "trainer.precision=32-true",
+            "+trainer.deterministic=true", "compile=false", "trainer.log_every_n_steps=1", "val_every=1000",
+            "checkpoint_every=10", "export=false", "max_steps=30"]
+
+    def losses(run_dir):
+        rows = [r for f in run_dir.glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]
+        return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+    done = run_command([*args, f"hydra.run.dir={tmp_path / 'full'}"], cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*args, f"hydra.run.dir={killed}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.time()
+    while not (killed / "checkpoints" / "step=10.ckpt").exists() and proc.poll() is None and time.time() - t0 < 600:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 10 <= last < 30
+    done = run_command([*args, f"hydra.run.dir={killed}", "ckpt_path=last"], cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    full, resumed = losses(tmp_path / "full"), losses(killed)
+    assert sorted(full) == list(range(30))
+    for step in range(last, 30):
+        assert resumed[step] == pytest.approx(full[step], rel=1e-5), (step, resumed[step], full[step])
