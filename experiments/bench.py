@@ -45,11 +45,18 @@ HF_CLASSES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining", "r
 
 
 # --- the machine's matmul peak ---------------------------------------------------------------------------
-def matmul_peak(dtype_name: str, device: str, n: int = 2048, windows: int = 5, seconds: float = 0.4) -> float:
+def peak_size(device: str) -> int:
+    """The matmul size whose speed is the hardware's limit: 8192 on a GPU (2048 does not fill an
+    H100), 2048 on a CPU (larger ones fall out of cache)."""
+    return 8192 if device == "cuda" else 2048
+
+
+def matmul_peak(dtype_name: str, device: str, n: int | None = None, windows: int = 5, seconds: float = 0.4) -> float:
     """FLOP/s of torch.mm on n x n matrices: the best of several short windows, so that a moment of
     contention on a shared machine does not lower the peak (and raise every MFU)."""
     import torch
 
+    n = n or peak_size(device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -98,19 +105,20 @@ def make_batch(objective, seq_len: int, batch_size: int, seed: int = 0):
 
 
 def build_ours(objective_name: str, model: str):
-    """Our encoder and objective, composed from conf/ as train.py composes them."""
+    """Our encoder and objective, composed from conf/ as train.py composes them (without importing
+    the training stack: the process's memory is the model's)."""
     import numpy as np
+    from hydra.utils import instantiate
 
     from pretrainlab.model.encoder import Encoder
-    from pretrainlab.pretraining.run import build_encoder_config, build_objective
     from pretrainlab.runtime.hydra import compose
     from pretrainlab.tokens import SpecialTokens
 
     tokens = SpecialTokens(VOCAB, SPECIAL["pad"], SPECIAL["unk"], SPECIAL["cls"], SPECIAL["sep"], SPECIAL["mask"],
                            np.zeros(VOCAB, dtype=bool))
     cfg, _ = compose("train", [f"model={model}", f"objective={objective_name}"])
-    config = build_encoder_config(cfg, VOCAB)
-    objective = build_objective(cfg, config, tokens)
+    config = instantiate(cfg.model, vocab_size=VOCAB)
+    objective = instantiate(cfg.objective, _partial_=True)(encoder_config=config, tokens=tokens)
     encoder = Encoder(config)
     if encoder.pooler is not None and not objective.uses_pooler:
         encoder.pooler.requires_grad_(False)
@@ -190,10 +198,12 @@ class Case:
                  device: str, compile_: bool, malloc: str = "keep"):
         import torch
 
+        from pretrainlab.runtime.devices import set_matmul_precision
         from pretrainlab.runtime.malloc import keep_freed_memory
 
         if malloc == "keep":
             keep_freed_memory()
+        set_matmul_precision(True)  # TF32 for fp32 on GPUs, as training does by default
         torch.manual_seed(0)
         encoder, objective = build_ours(objective_name, model)
         batch = {k: (v.to(device) if torch.is_tensor(v) else v)
@@ -205,14 +215,14 @@ class Case:
             encoder.to(device), objective.to(device)
             params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
             self.fn = lambda: objective(encoder, batch).loss
-            if compile_:
-                encoder.forward = torch.compile(encoder.forward)
         else:
             hf = build_hf(objective_name, encoder.config)
             module = hf.module if isinstance(hf, _ElectraPair) else hf
             module.to(device).train()
             params = [p for p in module.parameters() if p.requires_grad]
             self.fn = hf_step_fn(objective_name, hf, batch)
+        if compile_:  # forward and loss, for both sides
+            self.fn = torch.compile(self.fn, dynamic=False)
         # fused AdamW for both: ours by default, and transformers' Trainer default with torch >= 2.8
         self.opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
         self.dtype = torch.bfloat16 if precision == "bf16" else None
@@ -365,9 +375,9 @@ def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, wo
 # --- main ---------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="mini")
+    parser.add_argument("--model", default="mini", help="comma-separated model presets: a grid, e.g. mini,base")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=None, help="default: 256 on a GPU, 32 on a CPU")
     parser.add_argument("--objectives", default=None, help="comma-separated (default: every conf/objective/ option)")
     parser.add_argument("--precision", default="auto",
                         help="comma-separated fp32,bf16; auto: fp32, plus bf16 where the hardware has it natively")
@@ -376,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="times each objective runs, in new processes minutes apart; medians are over all rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    parser.add_argument("--compile", action="store_true", help="torch.compile our encoder (warm-up cost reported)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the step's forward and loss, on both sides (warm-up cost reported)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
                         help="keep: freed memory is kept for reuse (pretrainlab.runtime.malloc, as in training), both sides; "
                              "default: glibc's defaults")
@@ -385,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = 256 if args.device == "cuda" else 32
 
     if args.case:  # a child process: one side of one case, stepping on command
         impl, objective, precision = args.case.split(":")
@@ -393,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import torch
+
+    from pretrainlab.runtime.devices import set_matmul_precision
+
+    set_matmul_precision(True)  # the peak and both sides with TF32 for fp32 on GPUs, as training
 
     native_bf16 = _native_bf16(args.device)
     hardware = (torch.cuda.get_device_name() if args.device == "cuda"
@@ -417,48 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [o for o in objectives if o not in HF_CLASSES]
     if unknown:
         parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(HF_CLASSES)}")
-    for precision in args.precision.split(",") if objectives else []:
-        before = matmul_peak(precision, args.device)
-        print(f"\n{precision}:")
-        runs: dict[str, list[dict[str, dict]]] = {}
-        for round_ in range(args.rounds):  # rounds apart in time, in new processes
-            for objective in objectives:
-                case = f"{objective}:{precision}"
-
-                def worker_cmd(impl: str, case=case) -> list[str]:
-                    return [sys.executable, __file__, "--case", f"{impl}:{case}", "--model",
-                            args.model, "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--device",
-                            args.device, "--malloc", args.malloc] + (["--compile"] if args.compile else [])
-
-                pair = run_pair(case, worker_cmd, args.steps, args.warmup)
-                runs.setdefault(objective, []).append(pair)
-                ours, hf = (_tokens_per_s(pair[impl]) for impl in ("ours", "hf"))
-                print(f"  round {round_ + 1}  {objective:8s} ours {ours:8.0f} tok/s | HF {hf:8.0f} tok/s | "
-                      f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
-                      + (f"  (compile warm-up {pair['ours']['warmup_s']:.1f}s)" if args.compile else ""))
-        cases = []
-        for objective in objectives:
-            pairs = runs[objective]
-            ratio = statistics.median([r for pair in pairs for r in _ratios(pair)])
-            for impl in ("ours", "hf"):
-                times = [t for pair in pairs for t in pair[impl]["times"]]
-                last = pairs[-1][impl]
-                per_step = statistics.median(times)
-                cases.append({
-                    "impl": impl, "objective": objective, "precision": precision, "step_s": per_step,
-                    "tokens_per_s": last["n_tokens"] / per_step, "flops_per_s": last["useful_flops"] / per_step,
-                    "ours_over_hf": ratio, "warmup_s": pairs[0][impl]["warmup_s"], "step_times": times,
-                    "step_started": [t for pair in pairs for t in pair[impl]["started"]],
-                    "rounds": [_tokens_per_s(p[impl]) for p in pairs],
-                    "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
-                    "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs)})
-        # measured before and after the cases: the machine's speed drifts on shared hosts
-        peak = max(before, matmul_peak(precision, args.device))
-        print(f"  matmul peak (torch.mm 2048x2048, best of before and after): {peak / 1e9:.1f} GFLOP/s")
-        for r in cases:
-            r["mfu"] = r["flops_per_s"] / peak
-            r["peak_flops"] = peak
-        results += cases
+    for model in [m for m in args.model.split(",") if m]:
+        for precision in args.precision.split(",") if objectives else []:
+            results += bench_cases(args, model, precision, objectives)
     if results:
         print_table(results)
     if args.json:
@@ -467,6 +445,53 @@ def main(argv: list[str] | None = None) -> int:
         print()
         bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
     return 0
+
+
+def bench_cases(args, model: str, precision: str, objectives: list[str]) -> list[dict]:
+    """Every objective of one model and precision, in rounds; the matmul peak before and after."""
+    before = matmul_peak(precision, args.device)
+    print(f"\nmodel={model}, {precision}:")
+    runs: dict[str, list[dict[str, dict]]] = {}
+    for round_ in range(args.rounds):  # rounds apart in time, in new processes
+        for objective in objectives:
+            case = f"{objective}:{precision}"
+
+            def worker_cmd(impl: str, case=case) -> list[str]:
+                return [sys.executable, __file__, "--case", f"{impl}:{case}", "--model", model, "--seq-len",
+                        str(args.seq_len), "--batch", str(args.batch), "--device", args.device, "--malloc",
+                        args.malloc] + (["--compile"] if args.compile else [])
+
+            pair = run_pair(case, worker_cmd, args.steps, args.warmup)
+            runs.setdefault(objective, []).append(pair)
+            ours, hf = (_tokens_per_s(pair[impl]) for impl in ("ours", "hf"))
+            print(f"  round {round_ + 1}  {objective:8s} ours {ours:8.0f} tok/s | HF {hf:8.0f} tok/s | "
+                  f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
+                  + (f"  (compile warm-up ours {pair['ours']['warmup_s']:.1f}s, HF {pair['hf']['warmup_s']:.1f}s)"
+                     if args.compile else ""))
+    cases = []
+    for objective in objectives:
+        pairs = runs[objective]
+        ratio = statistics.median([r for pair in pairs for r in _ratios(pair)])
+        for impl in ("ours", "hf"):
+            times = [t for pair in pairs for t in pair[impl]["times"]]
+            last = pairs[-1][impl]
+            per_step = statistics.median(times)
+            cases.append({
+                "impl": impl, "model": model, "objective": objective, "precision": precision, "step_s": per_step,
+                "tokens_per_s": last["n_tokens"] / per_step, "flops_per_s": last["useful_flops"] / per_step,
+                "ours_over_hf": ratio, "warmup_s": pairs[0][impl]["warmup_s"], "step_times": times,
+                "step_started": [t for pair in pairs for t in pair[impl]["started"]],
+                "rounds": [_tokens_per_s(p[impl]) for p in pairs],
+                "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
+                "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs)})
+    # measured before and after the cases: the machine's speed drifts on shared hosts
+    peak = max(before, matmul_peak(precision, args.device))
+    n = peak_size(args.device)
+    print(f"  matmul peak (torch.mm {n}x{n}, best of before and after): {peak / 1e9:.1f} GFLOP/s")
+    for r in cases:
+        r["mfu"] = r["flops_per_s"] / peak
+        r["peak_flops"] = peak
+    return cases
 
 
 def _tokens_per_s(side: dict) -> float:
@@ -480,11 +505,11 @@ def _ratios(pair: dict[str, dict]) -> list[float]:
 
 
 def print_table(results: list[dict]) -> None:
-    print("\n| objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i in range(0, len(results), 2):
         o, h = results[i], results[i + 1]
-        print(f"| {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
+        print(f"| {o['model']} | {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
               f"{o['ours_over_hf']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
               f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |")
 
