@@ -5,6 +5,7 @@ import json
 import os
 
 import numpy as np
+import torch
 import pytest
 import scipy.stats
 import sklearn.metrics
@@ -176,6 +177,23 @@ def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
                            text=True)
     assert named.returncode == 0, named.stderr
     assert "| roberta |" in named.stdout and "| roberta-long |" in named.stdout
+
+
+def test_dev_batches_come_in_order_of_length_and_hold_every_example_once():
+    from pretrainlab.finetuning.run import eval_loader
+    from pretrainlab.glue.data import EncodedSplit
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 120, 300)  # CoLA-like: mostly short, some long
+    split = EncodedSplit([np.full(n, 7) for n in lengths], [np.zeros(n, np.int64) for n in lengths],
+                         np.zeros(300, np.int64), 0)
+    batches = list(eval_loader(split, 32, pad_id=0))
+    seen = np.concatenate([b["index"].numpy() for b in batches])
+    assert sorted(seen) == list(range(300))
+    padded = sum(b["input_ids"].numel() for b in batches)
+    in_order = sum(-(-max(lengths[i:i + 32]) // 8) * 8 * len(lengths[i:i + 32]) for i in range(0, 300, 32))
+    assert padded < 0.7 * in_order  # far less padding than batches in file order
+    assert all(torch.equal(b["input_ids"] != 0, b["attention_mask"]) for b in batches)
 
 
 def test_encoding_pairs_segments_and_longest_first_truncation():

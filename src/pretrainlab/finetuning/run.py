@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.finetuning.encoders import load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule
-from pretrainlab.glue.data import EncodedDataset, collate, encode, load_task
+from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate, encode, load_task
 from pretrainlab.glue.tasks import get_task, task_score
 from pretrainlab.model.encoder import ConfigError
 from pretrainlab.runtime.devices import check_precision, compile_options, world_size
@@ -36,6 +36,15 @@ from pretrainlab.runtime.settings import check_finetuning
 from pretrainlab.runtime.signals import worker_init
 
 log = logging.getLogger("pretrainlab")
+
+
+def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0) -> torch.utils.data.DataLoader:
+    """A dev set's batches, its examples in order of length: each batch is padded to its longest,
+    so little padding is computed. Predictions are matched to examples by index, so the order
+    changes no metric."""
+    return torch.utils.data.DataLoader(
+        EncodedDataset(split), batch_size=batch_size, sampler=sorted(range(len(split)), key=lambda i: len(split.ids[i])),
+        collate_fn=functools.partial(collate, pad_id=pad_id), num_workers=num_workers, worker_init_fn=worker_init)
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | Path | None = None,
@@ -80,9 +89,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     train_loader = torch.utils.data.DataLoader(
         EncodedDataset(encoded_train), batch_size=per_device, shuffle=True, generator=gen, drop_last=False,
         collate_fn=collate_fn, num_workers=cfg.num_workers, worker_init_fn=worker_init)
-    eval_loaders = [torch.utils.data.DataLoader(EncodedDataset(e), batch_size=per_device * 2, shuffle=False,
-                                                collate_fn=collate_fn, num_workers=cfg.num_workers,
-                                                worker_init_fn=worker_init) for e in encoded_eval]
+    eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
     total_steps = steps_per_epoch * cfg.task.epochs
     module = FinetuneModule(model.encoder, spec, optim, total_steps, cfg.task.classifier_dropout, eval_names,
