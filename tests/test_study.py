@@ -1,6 +1,7 @@
 """A whole ablation study from one command, offline, at a small compute budget: two objectives
-pretrained to the same FLOPs with two seeds each, the GLUE suite on each and on scratch, the
-report; then resumed."""
+pretrained to the same FLOPs with two seeds each, snapshots at half the budget, the GLUE suite on
+each encoder, snapshot and on scratch, the report with intervals, differences and the compute
+curve; then resumed."""
 
 import json
 
@@ -19,14 +20,32 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
             "trainer.enable_progress_bar=false"]
     quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
     overrides = ["study=small", f"output_root={tmp_path}", "objectives=[roberta,electra]", "seeds=[0,1]",
-                 f"pretrain={quoted(pretrain)}", "glue.tasks=[rte,cola]", "glue.seeds=[0]",
+                 f"pretrain={quoted(pretrain)}", "glue.tasks=[rte,cola]", "glue.seeds=[0]", "snapshots=[0.5]",
+                 "baseline=roberta",
                  f"glue.overrides={quoted(glue)}"]
     table = run_study(compose_config("ablate", *overrides))
 
     root = tmp_path / "small"
     assert table["labels"] == ["electra", "roberta", "scratch"] and table["tasks"] == ["cola", "rte"]
-    for name in ("comparison.md", "comparison.csv", "comparison.png", "comparison.json"):
+    for name in ("comparison.md", "comparison.csv", "comparison.png", "comparison.json", "curve.png", "curve.csv"):
         assert (root / "report" / name).is_file()
+    # the curve: a point at half the budget and one at the end for each objective, FLOPs rising
+    for objective in ("roberta", "electra"):
+        points = table["curve"][objective]
+        assert [p["fraction"] for p in points] == [0.5, 1.0], points
+        assert points[0]["flops"] < points[1]["flops"] and 0.45 < points[0]["flops"] / points[1]["flops"] < 0.6
+        assert points[1]["glue"] == pytest.approx(table["glue"][objective]["score"][0])
+        assert all(p["ci"][0] <= p["glue"] <= p["ci"][1] and p["encoders"] == 2 for p in points)
+        snap = root / "pretrain" / f"{objective}-s1" / "snapshots" / "0.5" / "glue" / "rte" / "seed0.json"
+        assert json.loads(snap.read_text())["pretrained"]["fraction"] == 0.5
+    assert "scratch" not in table["curve"]
+    # intervals over the two pretraining seeds, and electra against the baseline
+    glue = table["glue"]["electra"]["summary"]
+    assert glue["encoders"] == 2 and glue["ci"][0] <= glue["mean"] <= glue["ci"][1] and glue["sd_pt"] is not None
+    diff = table["differences"]["electra"]["glue"]
+    assert diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and 0 <= diff["p"] <= 1
+    assert diff["mean"] == pytest.approx(table["glue"]["electra"]["score"][0] - table["glue"]["roberta"]["score"][0])
+    assert "Difference against roberta" in (root / "report" / "comparison.md").read_text()
     flops = {}
     for objective in ("roberta", "electra"):
         meta = json.loads((root / "pretrain" / f"{objective}-s0" / "encoder" / "config.json").read_text())

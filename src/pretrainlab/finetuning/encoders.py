@@ -44,7 +44,8 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
     """What identifies the encoder ``pretrained`` names, without loading it: ``encoder_id`` (the
     sha256 of its weights file; for ``init=scratch``, a hash of its architecture and tokenizer),
     ``weights_sha256``, ``model`` (the model preset it was pretrained with, or its shape) and
-    ``pretrain_seed``. Finished GLUE results are keyed by ``encoder_id``: a run directory
+    ``pretrain_seed``; ``pretrain_flops`` and ``fraction`` (of its run's budget: below 1 for a
+    snapshot, see ``pretrainlab.pretraining.snapshots``) when recorded. Finished GLUE results are keyed by ``encoder_id``: a run directory
     pretrained again holds another encoder, whatever its path."""
     if init not in ("pretrained", "scratch"):
         raise ConfigError(f"init={init!r}: expected pretrained or scratch.")
@@ -60,7 +61,7 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
                                     f"pytorch_model.bin).")
         cfg, _ = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
         tokenizer = next((d / f for f in ("tokenizer.json", "vocab.txt") if (d / f).is_file()), None)
-        model, seed = model_name(d), None
+        model, seed, pre = model_name(d), None, {}
     else:
         d = resolve_export_dir(pretrained)
         meta = json.loads((d / CONFIG).read_text())
@@ -70,11 +71,12 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
         model = (pre.get("choices") or {}).get("model") or shape_name(cfg)
         seed = (pre.get("config") or {}).get("seed")
     digest = file_digest(weights)
-    identity = {"weights_sha256": digest, "model": model, "pretrain_seed": seed, "encoder_id": digest}
+    identity = {"weights_sha256": digest, "model": model, "pretrain_seed": seed, "encoder_id": digest,
+                "pretrain_flops": pre.get("flops"), "fraction": pre.get("fraction")}
     if init == "scratch":
         identity["encoder_id"] = fingerprint({"scratch": cfg.to_dict(),
                                               "tokenizer": file_digest(tokenizer) if tokenizer else None})
-        identity["pretrain_seed"] = None
+        identity.update(pretrain_seed=None, pretrain_flops=0.0, fraction=None)
     return identity
 
 

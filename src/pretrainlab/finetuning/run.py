@@ -28,6 +28,7 @@ from pretrainlab import atomic
 from pretrainlab.finetuning.encoders import load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule
 from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate, encode, load_task
+from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
 from pretrainlab.model.encoder import ConfigError
 from pretrainlab.runtime.devices import check_precision, compile_options, world_size
@@ -119,6 +120,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
             "score": task_score(final), "reported_epoch": "last", "history": module.history,
             "pretrained": model.source, "train_examples": len(encoded_train),
             "eval_examples": {s: len(e) for s, e in zip(eval_names, encoded_eval)},
+            "no_skill": {f"{m}{suffix}": v for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
+                         for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels,
+                                              spec.is_regression).items()},
             "steps": trainer.global_step, "runtime_s": round(time.time() - t0, 2),
             "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir),
         }

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrainlab import atomic
+from pretrainlab.glue import stats
 from pretrainlab.glue.tasks import TASKS, display_name, task_score
 
 log = logging.getLogger("pretrainlab")
@@ -118,9 +119,15 @@ def collect_wandb(project: str) -> list[dict]:
     return results
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+def is_final(r: dict) -> bool:
+    """A result of a run's final encoder (or of an encoder outside a run), not of a snapshot."""
+    fraction = (r.get("pretrained") or {}).get("fraction")
+    return fraction is None or float(fraction) >= 1.0
+
+
+def as_final(r: dict) -> dict:
+    """``r`` presented as the result of a final encoder (a snapshot's suite summarised on its own)."""
+    return {**r, "pretrained": {**(r.get("pretrained") or {}), "fraction": None}}
 
 
 def two_level(values: dict[str, list[float]]) -> tuple[float, float, float | None]:
@@ -128,11 +135,8 @@ def two_level(values: dict[str, list[float]]) -> tuple[float, float, float | Non
     (one pretraining seed each): the mean of the encoders' means; the fine-tuning sd pooled within
     encoders (ddof 1; 0 when every encoder has one seed); the sd of the encoders' means (ddof 1;
     None for a single encoder)."""
-    means = [float(np.mean(v)) for v in values.values()]
-    within = [float(np.var(v, ddof=1)) for v in values.values() if len(v) > 1]
-    sd_ft = float(np.sqrt(np.mean(within))) if within else 0.0
-    sd_pt = float(np.std(means, ddof=1)) if len(means) > 1 else None
-    return float(np.mean(means)), sd_ft, sd_pt
+    s = stats.summarize(values)
+    return s.mean, s.sd_ft, s.sd_pt
 
 
 def row_labels(results: list[dict]) -> dict[str, str]:
@@ -178,12 +182,19 @@ def _check_example_counts(results: list[dict]) -> None:
                                f"(glue.max_eval_examples, glue.source).")
 
 
-def aggregate(results: list[dict]) -> dict:
+def aggregate(results: list[dict], baseline: str | None = None, method: str = "t", level: float = stats.LEVEL) -> dict:
     """{"labels", "tasks", "cells": {label: {task: {...}}}, "glue": {label: {...}}, "glue_tasks",
-    "encoders": {label: [...]}}.
+    "encoders": {label: [...]}, "interval": {...}, "differences": {label: {task: {...}}},
+    "seeds_needed": {task: {...}}}, over the final encoders of ``results`` (snapshots are left to
+    :func:`curve`).
 
-    A cell's ``metrics`` and ``score`` are (mean, sd over fine-tuning seeds) and ``pretrain_sd``
-    the sd over pretraining seeds (None with one); see :func:`two_level`."""
+    A cell's ``metrics`` and ``score`` are (mean, sd over fine-tuning seeds), ``pretrain_sd`` the sd
+    over pretraining seeds (None with one) and ``summary`` the score's :class:`stats.Summary`
+    (median, ``level`` interval by ``method``). With ``baseline`` (a row label), ``differences``
+    holds every other row minus it per task and for the GLUE score (:func:`stats.difference`)."""
+    results = [r for r in results if is_final(r)]
+    if not results:
+        raise CompareError("no results of a final encoder (only snapshots): compare a run's own glue/ results too.")
     _check_example_counts(results)
     rows = row_labels(results)
     by: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # row -> task -> encoder -> runs
@@ -193,11 +204,17 @@ def aggregate(results: list[dict]) -> dict:
         by[rows[e["id"]]][r["task"]][e["id"]].append(r)
         encoders[rows[e["id"]]][e["id"]] = {"pretrain_seed": e["pretrain_seed"], "source": e["source"]}
     labels = sorted(by, key=lambda x: (x.startswith("scratch"), x))
+    if baseline is not None and baseline not in labels:
+        raise CompareError(f"--baseline {baseline!r} is not a row of this comparison; the rows are: "
+                           f"{', '.join(labels)}.")
     tasks = [t for t in ORDER if any(t in by[label] for label in labels)]
+    rng = np.random.default_rng(0)
 
     def score(r: dict) -> float:
         return task_score(r["metrics"])
 
+    # row -> task (or "glue") -> {pretraining seed: {fine-tuning seed: score}}, for paired differences
+    seeded: dict = defaultdict(dict)
     cells: dict = {}
     for label in labels:
         cells[label] = {}
@@ -207,32 +224,82 @@ def aggregate(results: list[dict]) -> dict:
             for m in names:
                 mean, sd_ft, sd_pt = two_level({e: [100.0 * r["metrics"][m] for r in rs] for e, rs in per_encoder.items()})
                 metric_stats[m], pretrain_sd[m] = (mean, sd_ft), sd_pt
-            mean, sd_ft, sd_pt = two_level({e: [score(r) for r in rs] for e, rs in per_encoder.items()})
-            pretrain_sd["score"] = sd_pt
+            summary = stats.summarize({e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method, rng)
+            pretrain_sd["score"] = summary.sd_pt
             runs = [r for rs in per_encoder.values() for r in rs]
-            cells[label][task] = {"metrics": metric_stats, "score": (mean, sd_ft), "pretrain_sd": pretrain_sd,
+            cells[label][task] = {"metrics": metric_stats, "score": (summary.mean, summary.sd_ft),
+                                  "pretrain_sd": pretrain_sd, "summary": summary.to_dict(),
                                   "seeds": sorted(r["seed"] for r in runs), "encoders": len(per_encoder),
+                                  "no_skill": task_score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
                                   "eval_examples": runs[0].get("eval_examples")}
+            seeded[label][task] = {encoders[label][e]["pretrain_seed"]: {r["seed"]: score(r) for r in rs}
+                                   for e, rs in per_encoder.items()}
     glue_tasks = [t for t in tasks if t not in EXCLUDED_FROM_GLUE_SCORE and all(t in cells[lb] for lb in labels)]
     glue = {}
     for label in labels:
         if not glue_tasks:
             continue
-        per_encoder = {}
+        per_encoder, per_seed = {}, {}
         for e in encoders[label]:
             # a GLUE score per (encoder, fine-tuning seed) present in every task
             seeds = set.intersection(*({r["seed"] for r in by[label][t].get(e, [])} for t in glue_tasks))
-            scores = [float(np.mean([score(r) for t in glue_tasks for r in by[label][t][e] if r["seed"] == s]))
-                      for s in sorted(seeds)]
+            scores = {s: float(np.mean([score(r) for t in glue_tasks for r in by[label][t][e] if r["seed"] == s]))
+                      for s in sorted(seeds)}
             if scores:
-                per_encoder[e] = scores
+                per_encoder[e] = list(scores.values())
+                per_seed[encoders[label][e]["pretrain_seed"]] = scores
         if per_encoder:
-            mean, sd_ft, sd_pt = two_level(per_encoder)
+            summary = stats.summarize(per_encoder, level, method, rng)
+            glue[label] = {"score": (summary.mean, summary.sd_ft), "pretrain_sd": summary.sd_pt,
+                           "summary": summary.to_dict()}
+            seeded[label]["glue"] = per_seed
         else:  # no fine-tuning seed ran every task: the mean of task means, without a spread
-            mean, sd_ft, sd_pt = float(np.mean([cells[label][t]["score"][0] for t in glue_tasks])), 0.0, None
-        glue[label] = {"score": (mean, sd_ft), "pretrain_sd": sd_pt}
+            glue[label] = {"score": (float(np.mean([cells[label][t]["score"][0] for t in glue_tasks])), 0.0),
+                           "pretrain_sd": None, "summary": None}
+    differences: dict = {}
+    if baseline is not None:
+        for label in labels:
+            if label == baseline:
+                continue
+            differences[label] = {t: stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)
+                                  .to_dict() for t in [*tasks, "glue"] if t in seeded[label] and t in seeded[baseline]}
     return {"labels": labels, "tasks": tasks, "cells": cells, "glue": glue, "glue_tasks": glue_tasks,
-            "encoders": {label: list(encoders[label].values()) for label in labels}}
+            "encoders": {label: list(encoders[label].values()) for label in labels},
+            "interval": {"level": level, "method": method}, "baseline": baseline, "differences": differences,
+            "seeds_needed": seeds_needed(cells, labels, tasks)}
+
+
+DELTAS = (1.0, 2.0, 5.0)  # score points
+
+
+def seeds_needed(cells: dict, labels: list[str], tasks: list[str]) -> dict:
+    """Per task: the sd of one fine-tuning run's score measured here (fine-tuning sd pooled over the
+    rows, with the pretraining sd added where several pretraining seeds measured it), and the runs
+    per encoder that a two-sided test at 5% needs to detect a difference of each of :data:`DELTAS`
+    points 80% of the time."""
+    out = {}
+    for t in tasks:
+        ft = [cells[lb][t]["summary"]["sd_ft"] for lb in labels if t in cells[lb] and cells[lb][t]["summary"]["n"] > 1
+              and cells[lb][t]["summary"]["sd_ft"] > 0]
+        pt = [cells[lb][t]["summary"]["sd_pt"] for lb in labels
+              if t in cells[lb] and cells[lb][t]["summary"]["sd_pt"] is not None]
+        if not ft:
+            continue
+        sd = float(np.sqrt(np.mean(np.square(ft)) + (np.mean(np.square(pt)) if pt else 0.0)))
+        out[t] = {"sd": sd, "with_pretraining_sd": bool(pt),
+                  "runs": {f"{d:g}": stats.seeds_needed(sd, d) for d in DELTAS}}
+    return out
+
+
+def _interval(ci) -> str:
+    return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
+
+
+def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | None) -> str:
+    text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
+    if pretrain_sd is not None:
+        text += f" [{pretrain_sd:.1f}]"
+    return text + _interval(summary["ci"] if summary else None)
 
 
 def _fmt(ms: tuple[float, float], pretrain_sd: float | None = None) -> str:
@@ -249,21 +316,69 @@ def to_markdown(table: dict) -> str:
         row = [label]
         for t in tasks:
             c = table["cells"][label].get(t)
-            row.append(" / ".join(_fmt(v, c["pretrain_sd"][m]) for m, v in c["metrics"].items()) if c else "–")
+            row.append(_cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"]) if c else "–")
         g = table["glue"].get(label)
-        row.append(_fmt(g["score"], g["pretrain_sd"]) if g else "–")
+        row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"]) if g else "–")
         lines.append("| " + " | ".join(row) + " |")
     seeds = sorted({len(set(c["seeds"])) for lb in table["labels"] for c in table["cells"][lb].values()})
     encoders = sorted({len(v) for v in table.get("encoders", {}).values()})
+    interval = table.get("interval") or {"level": stats.LEVEL, "method": "t"}
+    pct = f"{100 * interval['level']:g}%"
+    how = {"t": "two-level t interval", "bootstrap": "hierarchical bootstrap"}[interval["method"]]
     pretrain = ""
     if any(n > 1 for n in encoders):
         pretrain = (f", over {'/'.join(map(str, encoders))} pretraining seed(s) per row: the mean of the encoders' "
-                    f"means, ± the sd over fine-tuning seeds pooled within encoders, [the sd over pretraining seeds]")
+                    f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]")
+    single = any(n == 1 for n in encoders)
     lines.append("")
-    lines.append(f"Dev-set metrics x 100 after the last fine-tuning epoch, mean ± std over {'/'.join(map(str, seeds))} "
-                 f"fine-tuning seed(s){pretrain}. GLUE = mean task score (a task's score is the mean of its metrics) "
-                 f"over {', '.join(display_name(t) for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
+    lines.append(f"Task score x 100 on the dev set after the last fine-tuning epoch (a task's score is the mean of "
+                 f"its metrics), mean ± std over {'/'.join(map(str, seeds))} fine-tuning seed(s){pretrain}; "
+                 f"({pct} confidence interval, {how}"
+                 + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
+                 + f"). GLUE = mean task score over "
+                 f"{', '.join(display_name(t) for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
                  f"BERT.")
+    if table.get("differences"):
+        lines += ["", differences_markdown(table)]
+    if table.get("seeds_needed"):
+        lines += ["", seeds_markdown(table)]
+    return "\n".join(lines)
+
+
+def differences_markdown(table: dict) -> str:
+    """Every row minus the baseline, per task and GLUE: difference (interval) and p-value; * marks
+    an interval that excludes zero."""
+    tasks = [t for t in table["tasks"]] + ["glue"]
+    base = table["baseline"]
+    lines = [f"Difference against {base} (points; * = the interval excludes 0)", "",
+             "| encoder | " + " | ".join(display_name(t) if t in TASKS else "GLUE" for t in tasks) + " |",
+             "|" + "---|" * (len(tasks) + 1)]
+    tests = set()
+    for label, diffs in table["differences"].items():
+        row = [f"{label} − {base}"]
+        for t in tasks:
+            d = diffs.get(t)
+            if not d:
+                row.append("–")
+                continue
+            tests.add(d["test"])
+            p = "" if d["p"] is None else f" p={d['p']:.2g}"
+            row.append(f"{d['mean']:+.1f}{'*' if d['significant'] else ''}{_interval(d['ci'])}{p}")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Tests: {', '.join(sorted(tests))} (matched pretraining and fine-tuning seeds where both rows have "
+                  f"them; a paired t over seeds is conditional on the two encoders)."]
+    return "\n".join(lines)
+
+
+def seeds_markdown(table: dict) -> str:
+    """Runs per encoder needed to detect a difference, from the spreads measured here."""
+    needed = table["seeds_needed"]
+    lines = ["Runs per encoder to detect a difference of 1 / 2 / 5 points (two-sided 5% test, 80% power), from the "
+             "sd of one run measured here", "", "| task | sd of one run | 1 point | 2 points | 5 points |",
+             "|---|---|---|---|---|"]
+    for t, n in needed.items():
+        lines.append(f"| {display_name(t)} | {n['sd']:.1f}{'' if n['with_pretraining_sd'] else ' (fine-tuning only)'} | "
+                     + " | ".join(str(n["runs"][f"{d:g}"]) for d in DELTAS) + " |")
     return "\n".join(lines)
 
 
@@ -275,10 +390,17 @@ def _metric_short(m: str) -> str:
 def to_csv(table: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["encoder", "task", "metric", "mean", "std", "std_pretrain", "seeds", "encoders"])
+    w.writerow(["encoder", "task", "metric", "mean", "std", "std_pretrain", "seeds", "encoders", "median", "ci_low",
+                "ci_high"])
 
-    def sd(v: float | None) -> str:
+    def num(v: float | None) -> str:
         return "" if v is None else f"{v:.4f}"
+
+    def interval(summary: dict | None) -> list[str]:
+        if not summary:
+            return ["", "", ""]
+        ci = summary["ci"] or (None, None)
+        return [num(summary["median"]), num(ci[0]), num(ci[1])]
 
     for label in table["labels"]:
         n_enc = len(table.get("encoders", {}).get(label, [])) or ""
@@ -287,19 +409,20 @@ def to_csv(table: dict) -> str:
             if not c:
                 continue
             for m, (mean, std) in c["metrics"].items():
-                w.writerow([label, t, m, f"{mean:.4f}", f"{std:.4f}", sd(c["pretrain_sd"][m]), len(c["seeds"]),
-                            c["encoders"]])
-            w.writerow([label, t, "score", f"{c['score'][0]:.4f}", f"{c['score'][1]:.4f}", sd(c["pretrain_sd"]["score"]),
-                        len(c["seeds"]), c["encoders"]])
+                w.writerow([label, t, m, f"{mean:.4f}", f"{std:.4f}", num(c["pretrain_sd"][m]), len(c["seeds"]),
+                            c["encoders"], "", "", ""])
+            w.writerow([label, t, "score", f"{c['score'][0]:.4f}", f"{c['score'][1]:.4f}", num(c["pretrain_sd"]["score"]),
+                        len(c["seeds"]), c["encoders"], *interval(c.get("summary"))])
         if label in table["glue"]:
             g = table["glue"][label]
-            w.writerow([label, "glue", "score", f"{g['score'][0]:.4f}", f"{g['score'][1]:.4f}", sd(g["pretrain_sd"]),
-                        "", n_enc])
+            w.writerow([label, "glue", "score", f"{g['score'][0]:.4f}", f"{g['score'][1]:.4f}", num(g["pretrain_sd"]),
+                        "", n_enc, *interval(g.get("summary"))])
     return out.getvalue()
 
 
 def plot(table: dict, path: Path) -> Path:
-    """Grouped bars: task scores (and the GLUE score) per encoder, with ± std error bars."""
+    """Grouped bars: task scores (and the GLUE score) per encoder, with confidence-interval error bars
+    (± std when a row has no interval); scratch hatched and last; each task's no-skill level dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,39 +431,133 @@ def plot(table: dict, path: Path) -> Path:
     groups = table["tasks"] + (["glue"] if table["glue"] else [])
     labels = table["labels"]
     width = 0.8 / max(1, len(labels))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) * max(1, len(labels)) * 0.5 + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(groups) * max(1, len(labels)) + 2.5), 4.8))
     x = np.arange(len(groups))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, label in enumerate(labels):
-        means, stds = [], []
+        means, low, high = [], [], []
         for g in groups:
-            if g == "glue":
-                ms = table["glue"].get(label, {}).get("score", (np.nan, 0.0))
-            else:
-                c = table["cells"][label].get(g)
-                ms = c["score"] if c else (np.nan, 0.0)
-            means.append(ms[0])
-            stds.append(ms[1])
-        ax.bar(x + (i - (len(labels) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=label)
+            c = table["glue"].get(label) if g == "glue" else table["cells"][label].get(g)
+            if not c:
+                means.append(np.nan), low.append(0.0), high.append(0.0)
+                continue
+            mean, sd = c["score"]
+            ci = (c.get("summary") or {}).get("ci")
+            means.append(mean)
+            low.append(mean - ci[0] if ci else sd)
+            high.append(ci[1] - mean if ci else sd)
+        scratch = label.startswith("scratch")
+        pos = x + (i - (len(labels) - 1) / 2) * width
+        ax.bar(pos, means, width, yerr=[low, high], capsize=3, label=label,
+               color="lightgray" if scratch else colors[i % len(colors)], edgecolor="dimgray" if scratch else "none",
+               hatch="//" if scratch else None)
+        # a zero-height bar stays visible: a short line at its value
+        ax.scatter(pos, means, marker="_", s=(width * 300) ** 2 / 100, color="black", zorder=3, linewidths=1)
+    labelled = False
+    for j, g in enumerate(groups):
+        levels = [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]] if g in TASKS else []
+        levels = [v for v in levels if v is not None]
+        if levels:  # the majority-class (constant) prediction: what a model that learnt nothing scores
+            ax.hlines(float(np.mean(levels)), j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
+                      label=None if labelled else "majority class / constant", zorder=4)
+            labelled = True
+    ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [display_name(g) if g in TASKS else "GLUE" for g in groups])
     ax.set_ylabel("dev score (x 100)")
-    ax.set_title("GLUE dev scores, mean ± std over seeds")
-    ax.legend(fontsize=8)
+    interval = table.get("interval") or {"level": stats.LEVEL}
+    ax.set_title(f"GLUE dev scores: mean and {100 * interval['level']:g}% interval over seeds")
+    ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=120, format="png")
+    fig.savefig(buffer, dpi=130, format="png")
     plt.close(fig)
     return atomic.write_bytes(path, buffer.getvalue())
 
 
-def write_report(results: list[dict], out_dir: str | Path) -> dict:
-    """comparison.md, comparison.csv, comparison.png and comparison.json in ``out_dir``."""
-    table = aggregate(results)  # refuses what cannot be compared before anything is written
+def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL) -> dict:
+    """The GLUE score against pretraining FLOPs, one line per row: {row: [{"fraction", "flops",
+    "glue", "ci", "encoders"}, ...]} in order of FLOPs, a point per fraction of the budget (its FLOPs
+    the mean over the encoders at that point), from the results of snapshots and final encoders.
+    Encoders without a recorded fraction (scratch, outside exports) are left out; {} when no result
+    is of a snapshot."""
+    staged = [r for r in results if (r.get("pretrained") or {}).get("fraction") is not None]
+    if all(is_final(r) for r in staged):
+        return {}
+    lines: dict = defaultdict(list)
+    for fraction in sorted({float(r["pretrained"]["fraction"]) for r in staged}):
+        at = [as_final(r) for r in staged if float(r["pretrained"]["fraction"]) == fraction]
+        rows = row_labels(at)
+        table = aggregate(at, method=method, level=level)
+        flops: dict = defaultdict(list)
+        for r in at:
+            if r["pretrained"].get("pretrain_flops") is not None:
+                flops[rows[encoder_of(r)["id"]]].append(float(r["pretrained"]["pretrain_flops"]))
+        for label, g in table["glue"].items():
+            if g.get("summary") and flops[label]:
+                lines[label].append({"fraction": fraction, "flops": float(np.mean(flops[label])), "glue": g["score"][0],
+                                     "ci": g["summary"]["ci"], "encoders": g["summary"]["encoders"]})
+    return dict(lines)
+
+
+def plot_curve(lines: dict, path: Path, baselines: dict | None = None) -> Path:
+    """GLUE score against pretraining FLOPs (log scale), one line per row with its interval as a
+    band; ``baselines`` ({label: score}, e.g. scratch) as horizontal dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.8))
+    for label, points in sorted(lines.items()):
+        x = [p["flops"] for p in points]
+        y = [p["glue"] for p in points]
+        (line,) = ax.plot(x, y, marker="o", label=label)
+        bands = [(p["flops"], *p["ci"]) for p in points if p["ci"]]
+        if bands:
+            bx, lo, hi = zip(*bands)
+            ax.fill_between(bx, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+    for label, value in (baselines or {}).items():
+        ax.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} (no pretraining)")
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining FLOPs")
+    ax.set_ylabel("GLUE score (dev, x 100)")
+    ax.set_title("GLUE score against pretraining compute (bands: 95% intervals over seeds)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=130, format="png")
+    plt.close(fig)
+    return atomic.write_bytes(path, buffer.getvalue())
+
+
+def curve_csv(lines: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["encoder", "fraction", "flops", "glue", "ci_low", "ci_high", "encoders"])
+    for label, points in sorted(lines.items()):
+        for p in points:
+            ci = p["ci"] or ("", "")
+            w.writerow([label, p["fraction"], f"{p['flops']:.4g}", f"{p['glue']:.4f}", *ci, p["encoders"]])
+    return out.getvalue()
+
+
+def write_report(results: list[dict], out_dir: str | Path, baseline: str | None = None, method: str = "t",
+                 level: float = stats.LEVEL) -> dict:
+    """comparison.md, .csv, .png and .json in ``out_dir``; with snapshot results also curve.png and
+    curve.csv (the table's ``curve``)."""
+    table = aggregate(results, baseline, method, level)  # refuses what cannot be compared before anything is written
+    table["curve"] = curve(results, method, level)
     out = Path(out_dir)
     atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
     atomic.write_text(out / "comparison.csv", to_csv(table))
     atomic.write_text(out / "comparison.json", json.dumps(table, indent=2))
     plot(table, out / "comparison.png")
+    if table["curve"]:
+        scratch = {lb: g["score"][0] for lb, g in table["glue"].items() if lb.startswith("scratch")}
+        plot_curve(table["curve"], out / "curve.png", scratch)
+        atomic.write_text(out / "curve.csv", curve_csv(table["curve"]))
     return table
 
 
@@ -360,6 +577,19 @@ def log_to_wandb(table: dict, out_dir: Path, project: str = "pretrainlab", mode:
                     rows.append([label, t, m, mean, std, len(c["seeds"])])
     run.log({"glue/table": wandb.Table(columns=["encoder", "task", "metric", "mean", "std", "seeds"], data=rows),
              "glue/plot": wandb.Image(str(out_dir / "comparison.png"))})
+    lines = table.get("curve") or {}
+    if lines:  # GLUE against pretraining FLOPs: a line chart of the points, the table behind it, the PNG
+        labels = sorted(lines)
+        run.log({
+            "glue/curve": wandb.plot.line_series(xs=[[p["flops"] for p in lines[lb]] for lb in labels],
+                                                 ys=[[p["glue"] for p in lines[lb]] for lb in labels], keys=labels,
+                                                 title="GLUE score against pretraining FLOPs", xname="pretraining FLOPs"),
+            "glue/curve_table": wandb.Table(
+                columns=["encoder", "fraction", "flops", "glue", "ci_low", "ci_high"],
+                data=[[lb, p["fraction"], p["flops"], p["glue"], *(p["ci"] or (None, None))] for lb in labels
+                      for p in lines[lb]]),
+            "glue/curve_plot": wandb.Image(str(out_dir / "curve.png")),
+        })
     for label, g in table["glue"].items():
         run.summary[f"glue_score/{label}"] = g["score"][0]
     for label in table["labels"]:

@@ -64,3 +64,16 @@ METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pearson": 
 
 def compute(names: list[str], pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
     return {name: METRICS[name](pred, label) for name in names}
+
+
+def no_skill(names: list[str], train_labels: np.ndarray, eval_labels: np.ndarray, regression: bool) -> dict[str, float]:
+    """The metrics of a constant prediction learnt from the training labels alone: the majority class
+    (the train mean for regression, whose correlations are then 0). The level an encoder must
+    beat to have learnt anything from the text."""
+    train_labels = np.asarray(train_labels)
+    if regression:
+        constant = float(train_labels.mean())
+    else:
+        values, counts = np.unique(train_labels, return_counts=True)
+        constant = values[np.argmax(counts)]
+    return compute(names, np.full(len(eval_labels), constant), np.asarray(eval_labels))

@@ -28,6 +28,7 @@ from pretrainlab.model.encoder import ConfigError, EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget
 from pretrainlab.pretraining.module import PretrainModule
+from pretrainlab.pretraining.snapshots import EncoderSnapshots, check_fractions
 from pretrainlab.pretraining.timing import StepTimer
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
@@ -49,6 +50,10 @@ def validate(cfg: DictConfig) -> EncoderConfig:
     the objective once on the meta device (no memory), so that every one of their settings is
     checked by their own constructors; returns the encoder config (its vocabulary size provisional)."""
     check_pretraining(cfg)
+    try:
+        check_fractions(cfg.get("snapshots"))
+    except ValueError as e:
+        raise ConfigError(f"{e} (conf/train.yaml or the command line)") from None
     check_precision(cfg)
     refuse_multirun_ddp(cfg)
     max_pos = cfg.model.get("max_position_embeddings", 512)
@@ -167,10 +172,21 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
                                  save_last=True, save_on_train_epoch_end=False)
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
+
+    def provenance(fraction: float) -> dict:
+        return {"objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": module.global_step,
+                "fraction": fraction, "tokens_seen": module.tokens, "flops": module.tokens * module.flops_per_token,
+                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True)}
+
+    def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
+        export_encoder(pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction))
+
+    snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, snapshot)
     steps = budget.kind == "steps"
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_steps=cfg.max_steps if steps else -1, max_epochs=-1, default_root_dir=str(run_dir),
-        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, *script.callbacks()], plugins=[CheckpointIO()],
+        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, snapshots, *script.callbacks()],
+        plugins=[CheckpointIO()],
         val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
         check_val_every_n_epoch=None, gradient_clip_val=module.optim.grad_clip, use_distributed_sampler=False,
         accumulate_grad_batches=accumulate,
@@ -197,11 +213,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         result["global_step"] = trainer.global_step
         result["run_dir"] = str(run_dir)
         if trainer.is_global_zero and cfg.export:
-            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining={
-                "objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": trainer.global_step,
-                "tokens_seen": module.tokens, "flops": module.tokens * module.flops_per_token,
-                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True),
-            })
+            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining=provenance(1.0))
             result["encoder_dir"] = str(out)
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):

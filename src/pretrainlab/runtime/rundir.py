@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 log = logging.getLogger("pretrainlab")
 
 # what overwrite=true deletes: everything a run and its GLUE suites wrote that later steps read back
-RUN_OUTPUTS = ("checkpoints", "encoder", ".wandb_id", "csv", "glue", "glue-scratch")
+RUN_OUTPUTS = ("checkpoints", "encoder", "snapshots", ".wandb_id", "csv", "glue", "glue-scratch")
 
 
 class RunDirError(ValueError):
@@ -40,6 +40,8 @@ def held_run(run_dir: Path) -> list[str]:
         held.append(f"{len(ckpts)} checkpoint(s) in checkpoints/ ({', '.join(p.name for p in ckpts[:3])})")
     if (run_dir / "encoder").exists():
         held.append("an exported encoder in encoder/")
+    if (run_dir / "snapshots").is_dir() and any((run_dir / "snapshots").iterdir()):
+        held.append("encoder snapshots in snapshots/")
     return held
 
 

@@ -5,7 +5,10 @@
                                                     exported, resumed from last.ckpt if interrupted
         glue/<task>/seed<k>.json                    fine-tuning results; finished pairs are skipped
         glue-scratch/...                            (first run only) the same architecture from scratch
-    <root>/<study>/report/                          comparison.md / .csv / .png / .json
+        snapshots/<fraction>/glue/...               with ``snapshots``: the encoder at that fraction of
+                                                    the budget, and its GLUE suite
+    <root>/<study>/report/                          comparison.md / .csv / .png / .json; curve.png /
+                                                    .csv with snapshots; intrinsic.md (held-out metrics)
 
 Every run of the study shares one W&B group: the study's name.
 """
@@ -19,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
 from pretrainlab.pretraining import run as pretraining
+from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.studies.suite import run_suite
 
@@ -34,6 +38,11 @@ def run_study(cfg: DictConfig) -> dict:
     root = Path(cfg.output_root).expanduser() / cfg.study
     runs = []
     objectives = options("objective") if cfg.objectives == "all" else list(cfg.objectives)
+    fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
+    baseline = cfg.get("baseline")
+    if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
+        raise ValueError(f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
+                         f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line).")
     for objective in objectives:
         for seed in cfg.seeds:
             run_dir = root / "pretrain" / f"{objective}-s{seed}"
@@ -42,6 +51,8 @@ def run_study(cfg: DictConfig) -> dict:
                 log.info("pretraining %s seed %d: done already (%s)", objective, seed, run_dir)
                 continue
             overrides = [f"objective={objective}", f"seed={seed}", *cfg.pretrain]
+            if fractions:
+                overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
             if (run_dir / "checkpoints" / "last.ckpt").is_file():
                 overrides.append("ckpt_path=last")
                 log.info("pretraining %s seed %d: resuming from %s", objective, seed, run_dir)
@@ -52,6 +63,14 @@ def run_study(cfg: DictConfig) -> dict:
 
     glue_overrides = [*cfg.glue.overrides]
     encoders = [(r, "pretrained") for r in runs] + ([(runs[0], "scratch")] if cfg.scratch and runs else [])
+    for run_dir in runs:
+        for fraction in fractions:
+            snap = snapshot_dir(run_dir, fraction)
+            if (snap / "config.json").is_file():
+                encoders.append((snap, "pretrained"))
+            else:
+                log.warning("%s has no snapshot at %g of its budget (it was pretrained without snapshots=%s): that "
+                            "point of the curve is left out", run_dir, fraction, list(fractions))
     for run_dir, init in encoders:
         gcfg, _ = compose("glue", [f"pretrained={run_dir}", f"init={init}", *glue_overrides])
         _set_group(gcfg, cfg.study)
@@ -59,7 +78,7 @@ def run_study(cfg: DictConfig) -> dict:
                   OmegaConf.to_container(gcfg.task_overrides, resolve=True))
 
     report = root / "report"
-    table = write_report(collect([str(root / "pretrain")]), report)
+    table = write_report(collect([str(root / "pretrain")]), report, baseline=cfg.get("baseline"))
     print(to_markdown(table))
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}

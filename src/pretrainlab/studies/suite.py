@@ -21,7 +21,7 @@ from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
 from pretrainlab.finetuning import run as finetuning
 from pretrainlab.finetuning.encoders import encoder_identity
-from pretrainlab.glue.compare import aggregate, to_markdown
+from pretrainlab.glue.compare import aggregate, as_final, to_markdown
 from pretrainlab.glue.tasks import get_task
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
@@ -100,7 +100,7 @@ def _check_same_encoder(done: dict, identity: dict, cfg: DictConfig, path: Path)
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
-    table = aggregate(results)
+    table = aggregate([as_final(r) for r in results])  # one encoder, a snapshot's included
     atomic.write_text(output_dir / "summary.json", json.dumps(table, indent=2))
     atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")
     log.info("summary -> %s\n%s", output_dir / "summary.md", to_markdown(table))
