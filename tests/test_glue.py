@@ -326,3 +326,25 @@ def test_finetune_cli_and_compare_cli_offline(pretrained_run, tmp_path):
     out = done.stdout
     assert "| roberta |" in out and (tmp_path / "cmp" / "comparison.png").is_file()
     assert list((tmp_path / "cmp" / "wandb").glob("offline-run-*"))
+
+
+def test_an_unreachable_hub_fails_at_once_with_the_offline_advice(monkeypatch):
+    """No minute of retries when the hub does not answer: the datasets cache alone is tried."""
+    import time
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    from pretrainlab.glue import data
+    from pretrainlab.glue.tasks import get_task
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # restored after the test, whatever read_hub sets
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", datasets.config.HF_DATASETS_OFFLINE)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="glue.data_dir"):
+        data.read_hub(get_task("rte"), "pretrainlab-test/no-such-glue")
+    assert time.monotonic() - start < 10

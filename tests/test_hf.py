@@ -49,8 +49,15 @@ def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [head_class]
 
-    encoder, _, _ = load_encoder(tmp_path / "run")
+    encoder, native_tokenizer, meta = load_encoder(tmp_path / "run")
     encoder.eval()
+    # the native export's tokenizer frames text as the encoder saw it: [CLS] A [SEP] B [SEP], segments 0/1
+    cls, sep = meta["special_tokens"]["cls"], meta["special_tokens"]["sep"]
+    pair = native_tokenizer.encode("The kolam sees a drum.", "Then.")
+    assert pair.ids[0] == cls and pair.ids[-1] == sep and pair.ids.count(sep) == 2
+    assert pair.type_ids[0] == 0 and pair.type_ids[-1] == 1
+    assert native_tokenizer.encode("Then.", add_special_tokens=False).ids == [
+        i for i in native_tokenizer.encode("Then.").ids if i not in (cls, sep)]
     hf = transformers.AutoModel.from_pretrained(out, local_files_only=True).eval()
     assert isinstance(hf, getattr(transformers, base_class))
     tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)

@@ -246,6 +246,7 @@ def _resumes_exactly(run_dir: Path, reference: dict[int, float], start: int, *ov
         assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, ddp_reference):
     proc = _start(tmp_path / "killed", *DDP, "max_steps=40")
@@ -273,6 +274,7 @@ def reference_losses(tmp_path_factory) -> dict[int, float]:
     return losses(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp"])
 def test_sigterm_to_the_whole_process_group_saves_the_current_step(tmp_path, ddp, reference_losses, ddp_reference):
     """What SLURM preemption and scancel do: every process of the job gets SIGTERM, the DataLoader

@@ -11,6 +11,7 @@ import torch
 from tests.conftest import SMALL, compose_config
 
 
+@pytest.mark.slow
 def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     from pretrainlab.studies.ablation import run_study
 
@@ -39,6 +40,9 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
         snap = root / "pretrain" / f"{objective}-s1" / "snapshots" / "0.5" / "glue" / "rte" / "seed0.json"
         assert json.loads(snap.read_text())["pretrained"]["fraction"] == 0.5
     assert "scratch" not in table["curve"]
+    intrinsic = json.loads((root / "report" / "intrinsic.json").read_text())["runs"]
+    assert sorted(intrinsic) == ["electra-s0", "electra-s1", "roberta-s0", "roberta-s1"]
+    assert 0 < intrinsic["roberta-s0"]["own"]["mlm_acc"] < 1 and "rtd_acc" in intrinsic["electra-s0"]["own"]
     # intervals over the two pretraining seeds, and electra against the baseline
     glue = table["glue"]["electra"]["summary"]
     assert glue["encoders"] == 2 and glue["ci"][0] <= glue["mean"] <= glue["ci"][1] and glue["sd_pt"] is not None

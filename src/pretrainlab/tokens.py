@@ -5,6 +5,7 @@ boundaries. This module owns the roles: every other one takes them from here.
     SPECIALS        BERT's strings for them ([PAD], [UNK], ...), the default
     SpecialTokens   their ids in one tokenizer, and which ids continue a word
     special_tokens  SpecialTokens of a ``tokenizers.Tokenizer``
+    with_template   a copy of a tokenizer that adds [CLS] ... [SEP] (... [SEP]) when encoding
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
-from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import Tokenizer, pre_tokenizers, processors
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -74,3 +75,16 @@ def special_tokens(tok: Tokenizer, names: dict | None = None) -> SpecialTokens:
     continuation[[ids[r] for r in ids]] = False
     return SpecialTokens(vocab_size=vocab_size, pad_id=ids["pad"], unk_id=ids["unk"], cls_id=ids["cls"],
                          sep_id=ids["sep"], mask_id=ids["mask"], is_continuation=continuation)
+
+
+def with_template(tokenizer: Tokenizer, cls: str = SPECIALS["cls"], sep: str = SPECIALS["sep"]) -> Tokenizer:
+    """A copy of ``tokenizer`` whose ``encode(a)`` / ``encode(a, b)`` add ``[CLS] a [SEP]`` /
+    ``[CLS] a [SEP] b [SEP]`` with segment ids 0/1, as the encoder saw its inputs in pretraining
+    and fine-tuning (and as its pooled [CLS] output needs). ``add_special_tokens=False`` still
+    encodes the text alone."""
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, processors
+from tokenizers import Tokenizer
 
 from pretrainlab import atomic
 from pretrainlab.data.tokenizer import load_tokenizer
 from pretrainlab.export.native import check_output_dir, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.runtime.checkpoints import read as read_checkpoint
-from pretrainlab.tokens import ROLES, SPECIALS, SpecialTokens, special_tokens
+from pretrainlab.tokens import ROLES, SPECIALS, SpecialTokens, special_tokens, with_template
 
 log = logging.getLogger("pretrainlab")
 
@@ -165,17 +165,8 @@ def encoder_config_from_hf(c: dict) -> tuple[EncoderConfig, str]:
 
 
 # --- tokenizer files ---------------------------------------------------------------------------------------
-def _with_template(tok: Tokenizer, specials: dict[str, str]) -> Tokenizer:
-    tok = Tokenizer.from_str(tok.to_str())
-    cls, sep = specials["cls"], specials["sep"]
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
-    return tok
-
-
 def write_tokenizer(tok: Tokenizer, specials: dict[str, str], out: Path, lowercase: bool = True) -> None:
-    _with_template(tok, specials).save(str(out / "tokenizer.json"))
+    with_template(tok, specials["cls"], specials["sep"]).save(str(out / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, "do_lower_case": lowercase,
            "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
            **{f"{r}_token": specials[r] for r in ROLES}}

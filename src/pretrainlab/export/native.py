@@ -4,7 +4,8 @@ An export directory holds
 
     config.json           {"encoder": EncoderConfig fields, "special_tokens": {...}, "pretraining": {...}}
     encoder.safetensors   the encoder's weights (for ELECTRA: the discriminator)
-    tokenizer.json        the tokenizer the encoder was trained with
+    tokenizer.json        the tokenizer the encoder was trained with; encoding adds [CLS] ... [SEP]
+                          as the encoder saw its inputs (add_special_tokens=False: the text alone)
 
 It is written to a temporary directory and renamed into place, so an interrupted export never
 leaves a half-written directory where a complete one was.
@@ -23,7 +24,7 @@ from tokenizers import Tokenizer
 
 from pretrainlab import atomic
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.tokens import SpecialTokens
+from pretrainlab.tokens import SpecialTokens, with_template
 
 CONFIG, WEIGHTS, TOKENIZER = "config.json", "encoder.safetensors", "tokenizer.json"
 FORMAT = "pretrainlab-encoder/1"
@@ -75,7 +76,8 @@ def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens
 
     def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
-        tokenizer.save(str(tmp / TOKENIZER))
+        names = {role: tokenizer.id_to_token(i) for role, i in tokens.ids().items()}
+        with_template(tokenizer, names["cls"], names["sep"]).save(str(tmp / TOKENIZER))
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
 
     return atomic.build_dir(out_dir, build)

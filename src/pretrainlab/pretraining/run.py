@@ -218,10 +218,19 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):
                 log_encoder_artifact(logger, out, objective.name)
+        if trainer.is_global_zero:
+            log.info("%s", summary_line(result, module.tokens, run_dir))
         script.exit_code = 0
     finally:
         script.finish()
     return result
+
+
+def summary_line(result: dict, tokens: float, run_dir: Path) -> str:
+    """The run's result in one line: the final validation metrics, steps, tokens, where it went."""
+    metrics = " · ".join(f"{k} {v:.4g}" for k, v in sorted(result.items()) if k.startswith("val/"))
+    return (f"finished: step {result['global_step']}, {tokens / 1e6:.3g}M tokens · {metrics or 'no validation'} · "
+            f"{run_dir}")
 
 
 def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:

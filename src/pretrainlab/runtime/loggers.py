@@ -12,9 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch import loggers as pl_loggers
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+
+
+class WandbLogger(pl_loggers.WandbLogger):
+    """Lightning's W&B logger, less the ``anonymous`` argument it always passes to ``wandb.init``:
+    wandb deprecated that setting and warns about it at every run, even when it is None."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -62,13 +73,13 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: 
     params.update({f"choice.{k}": v for k, v in choices.items()})
     params.update(extra or {})
     logger.log_hyperparams(params)
-    if isinstance(logger, WandbLogger):
+    if isinstance(logger, pl_loggers.WandbLogger):
         _remember_id(logger, run_dir / ".wandb_id")
     return logger
 
 
 @rank_zero_only
-def _remember_id(logger: WandbLogger, path: Path) -> None:
+def _remember_id(logger: pl_loggers.WandbLogger, path: Path) -> None:
     path.write_text(logger.experiment.id)
 
 
@@ -81,7 +92,7 @@ def finish_logger(logger: Logger | bool, exit_code: int = 0) -> None:
     tests) starts a new one. A run that did not finish is stored as failed (non-zero exit code);
     one stopped by Ctrl-C or SIGTERM also gets the tag and summary ``stopped`` "interrupted" or
     "preempted"."""
-    if isinstance(logger, WandbLogger):
+    if isinstance(logger, pl_loggers.WandbLogger):
         import wandb
 
         run = wandb.run

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.runtime import hydra
+from pretrainlab.runtime.console import quiet_third_parties
 from pretrainlab.runtime.devices import set_matmul_precision
 from pretrainlab.runtime.loggers import build_logger, finish_logger
 from pretrainlab.runtime.malloc import keep_freed_memory
@@ -37,6 +39,7 @@ class RunScript:
     choices: dict[str, str]         # config group -> option, logged as choice.<group>
     exit_code: int = 1
     logger: Logger | bool = field(default=False, repr=False)
+    _file_handler: logging.FileHandler | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, cfg: DictConfig, run_dir: str | Path | None = None,
@@ -50,6 +53,8 @@ class RunScript:
     def start(self) -> None:
         """Create the run directory; set up the process (malloc, TF32, every seed)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        quiet_third_parties()
+        self._log_to_file()
         if self.cfg.get("keep_freed_memory", True):
             keep_freed_memory()
         set_matmul_precision(bool(self.cfg.get("tf32", True)))
@@ -70,6 +75,26 @@ class RunScript:
 
     def finish(self) -> None:
         finish_logger(self.logger, self.exit_code)
+        if self._file_handler is not None:
+            logging.getLogger().removeHandler(self._file_handler)
+            self._file_handler.close()
+            self._file_handler = None
+
+    def _log_to_file(self) -> None:
+        """``<run dir>/train.log``: Hydra's job logging writes it for ``train.py``; a run started
+        from Python (a study, a test) gets a file handler of its own for the length of the run."""
+        root = logging.getLogger()
+        here = self.dir.resolve()
+        if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve().parent == here
+               for h in root.handlers):
+            return
+        handler = logging.FileHandler(here / "train.log")
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        handler.setLevel(logging.INFO)
+        root.addHandler(handler)
+        if logging.getLogger("pretrainlab").getEffectiveLevel() > logging.INFO:
+            logging.getLogger("pretrainlab").setLevel(logging.INFO)
+        self._file_handler = handler
 
 
 __all__ = ["RunScript"]

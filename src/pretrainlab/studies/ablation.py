@@ -16,6 +16,7 @@ Every run of the study shares one W&B group: the study's name.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +25,7 @@ from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_r
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose, options
+from pretrainlab.studies.intrinsic import intrinsic_markdown, intrinsic_report
 from pretrainlab.studies.suite import run_suite
 
 log = logging.getLogger("pretrainlab")
@@ -35,6 +37,7 @@ def _set_group(cfg: DictConfig, group: str) -> None:
 
 
 def run_study(cfg: DictConfig) -> dict:
+    os.environ.setdefault("WANDB_SILENT", "true")  # dozens of runs: W&B speaks only when something fails
     root = Path(cfg.output_root).expanduser() / cfg.study
     runs = []
     objectives = options("objective") if cfg.objectives == "all" else list(cfg.objectives)
@@ -80,6 +83,8 @@ def run_study(cfg: DictConfig) -> dict:
     report = root / "report"
     table = write_report(collect([str(root / "pretrain")]), report, baseline=cfg.get("baseline"))
     print(to_markdown(table))
+    if cfg.get("intrinsic", True):
+        print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}
     if str(lcfg.get("_target_", "")).endswith("WandbLogger") and lcfg.get("mode") != "disabled":

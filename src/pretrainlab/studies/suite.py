@@ -103,4 +103,4 @@ def write_summary(results: list[dict], output_dir: Path) -> None:
     table = aggregate([as_final(r) for r in results])  # one encoder, a snapshot's included
     atomic.write_text(output_dir / "summary.json", json.dumps(table, indent=2))
     atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")
-    log.info("summary -> %s\n%s", output_dir / "summary.md", to_markdown(table))
+    log.info("GLUE suite summary -> %s", output_dir / "summary.md")

@@ -1,0 +1,126 @@
+"""Intrinsic checks of pretraining runs, at no fine-tuning cost.
+
+- Each run's own held-out metrics (``val/*``: MLM accuracy and loss, the pair task's accuracy,
+  ELECTRA's replaced-token detection), recomputed from its last checkpoint on the documents every
+  run of the study holds out (``split_seed``), so that the runs are read side by side.
+- ALBERT's cross-check (Lan et al., 2020, Table 5): the pair head of a run trained with next-sentence
+  prediction scored on sentence-order pairs, and the other way round. Both tasks label a coherent,
+  in-order pair 0 (NSP: 1 = B from another document; SOP: 1 = A and B swapped), so a head trained on
+  one task is scored on the other's pairs without relabelling. An NSP head that only learnt topic
+  shift sits near 50% on SOP; an SOP head, which must model coherence, transfers to NSP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from pretrainlab import atomic
+from pretrainlab.data.datamodule import PretrainDataModule
+from pretrainlab.data.pipeline import PretrainData
+from pretrainlab.data.sentence_pairs import SentencePairs
+from pretrainlab.model.encoder import Encoder
+from pretrainlab.pretraining.run import build_encoder_config, build_objective
+from pretrainlab.runtime.checkpoints import read
+from pretrainlab.tokens import special_tokens
+
+log = logging.getLogger("pretrainlab")
+
+PAIR_TASKS = ("nsp", "sop")
+
+
+@torch.no_grad()
+def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int = 64,
+             max_batches: int | None = None) -> dict[str, float]:
+    """The held-out metrics of the run in ``run_dir`` (its ``config.yaml`` and ``checkpoints/last.ckpt``),
+    averaged over the validation examples. ``pair_task`` (``nsp``/``sop``, for a run with a pair head):
+    build the validation pairs of that task instead of the run's own."""
+    run_dir = Path(run_dir)
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    checkpoint = read(run_dir / "checkpoints" / "last.ckpt")
+    spec = instantiate(cfg.tokenizer)
+    data = PretrainData(instantiate(cfg.data), spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
+    tokens = special_tokens(data.tokenizer, spec.special_tokens)
+    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    objective = build_objective(cfg, encoder_config, tokens)
+    encoder = Encoder(encoder_config)
+    state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+    encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
+    objective.load_state_dict({k[len("objective."):]: v for k, v in state.items() if k.startswith("objective.")})
+    encoder.eval(), objective.eval()
+
+    builder = objective.example_builder(cfg.max_seq_len)
+    if pair_task is not None:
+        if not isinstance(builder, SentencePairs):
+            raise ValueError(f"{run_dir}: objective {objective.name} has no sentence-pair head to score on "
+                             f"{pair_task.upper()} pairs.")
+        builder = SentencePairs(builder.max_len, builder.cls_id, builder.sep_id, pair_task, builder.short_seq_prob)
+    datamodule = PretrainDataModule(data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0,
+                                    val_batch_size=batch_size)
+    datamodule.val_store = data.examples(builder, "val")
+    sums: dict[str, float] = {}
+    count = 0
+    for i, batch in enumerate(datamodule.val_dataloader()):
+        if max_batches is not None and i >= max_batches:
+            break
+        batch = {k: v for k, v in batch.items() if k != "global_tokens"}
+        out = objective(encoder, batch)
+        n = batch["input_ids"].shape[0]
+        for name, value in {"loss": out.loss, **out.metrics}.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * n
+        count += n
+    return {name: total / count for name, total in sums.items()} | {"examples": count}
+
+
+def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
+    """Held-out metrics of every run and the NSP/SOP cross-check, as ``intrinsic.json`` and
+    ``intrinsic.md`` in ``out_dir``; a run evaluated before (same checkpoint) is read back from
+    ``<run>/intrinsic.json``."""
+    rows = {}
+    for run in runs:
+        cached = run / "intrinsic.json"
+        stamp = (run / "checkpoints" / "last.ckpt").stat().st_mtime_ns if (run / "checkpoints" / "last.ckpt").is_file() \
+            else None
+        if stamp is None:
+            log.warning("%s has no checkpoints/last.ckpt: left out of the intrinsic checks", run)
+            continue
+        if cached.is_file() and json.loads(cached.read_text()).get("checkpoint_mtime_ns") == stamp:
+            rows[run.name] = json.loads(cached.read_text())
+            continue
+        row = {"checkpoint_mtime_ns": stamp, "own": evaluate(run)}
+        pair = next((t for t in PAIR_TASKS if f"{t}_acc" in row["own"]), None)
+        if pair is not None:
+            other = PAIR_TASKS[1 - PAIR_TASKS.index(pair)]
+            row["cross"] = {"head": pair, "pairs": other, "acc": evaluate(run, other)[f"{pair}_acc"]}
+        atomic.write_json(cached, row)
+        rows[run.name] = row
+    report = {"runs": rows}
+    atomic.write_json(out_dir / "intrinsic.json", report)
+    atomic.write_text(out_dir / "intrinsic.md", intrinsic_markdown(report) + "\n")
+    return report
+
+
+def intrinsic_markdown(report: dict) -> str:
+    rows = report["runs"]
+    metrics = sorted({m for r in rows.values() for m in r["own"] if m != "examples"},
+                     key=lambda m: (not m.startswith("mlm"), m))
+    lines = ["| run | " + " | ".join(metrics) + " | pair head on the other task's pairs |",
+             "|" + "---|" * (len(metrics) + 2)]
+    for name, r in sorted(rows.items()):
+        cells = [("–" if m not in r["own"] else f"{r['own'][m]:.3f}") for m in metrics]
+        cross = r.get("cross")
+        cells.append(f"{cross['head'].upper()} head on {cross['pairs'].upper()} pairs: {100 * cross['acc']:.1f}%"
+                     if cross else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Held-out documents (the same for every run), recomputed from each run's last checkpoint. "
+                  "Accuracies are fractions; the cross-check scores a pair head on the other pair task "
+                  "(ALBERT, Table 5: NSP-trained 52.0 on SOP, SOP-trained 78.9 on NSP)."]
+    return "\n".join(lines)
+
+
+__all__ = ["evaluate", "intrinsic_markdown", "intrinsic_report"]
