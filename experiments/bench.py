@@ -2,7 +2,7 @@
 
     python experiments/bench.py                                   # model=mini, seq 128, batch 32, fp32 (+ bf16)
     python experiments/bench.py --model tiny --precision fp32 --objectives roberta,electra
-    python experiments/bench.py --data ../shared/data/corpus/gutenberg   # also time the data pipeline
+    python experiments/bench.py --data path/to/books                    # also time the data pipeline
 
 For every objective and precision it runs a full training step (forward, backward, AdamW) of our
 encoder + objective and of the transformers equivalent on the same batch:

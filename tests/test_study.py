@@ -36,7 +36,8 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
         assert [p["fraction"] for p in points] == [0.5, 1.0], points
         assert points[0]["flops"] < points[1]["flops"] and 0.45 < points[0]["flops"] / points[1]["flops"] < 0.6
         assert points[1]["glue"] == pytest.approx(table["glue"][objective]["score"][0])
-        assert all(p["ci"][0] <= p["glue"] <= p["ci"][1] and p["encoders"] == 2 for p in points)
+        # an interval wherever the two encoders' scores differ (tiny encoders may tie at the majority class)
+        assert all(p["encoders"] == 2 and (p["ci"] is None or p["ci"][0] <= p["glue"] <= p["ci"][1]) for p in points)
         snap = root / "pretrain" / f"{objective}-s1" / "snapshots" / "0.5" / "glue" / "rte" / "seed0.json"
         assert json.loads(snap.read_text())["pretrained"]["fraction"] == 0.5
     assert "scratch" not in table["curve"]
@@ -45,9 +46,10 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert 0 < intrinsic["roberta-s0"]["own"]["mlm_acc"] < 1 and "rtd_acc" in intrinsic["electra-s0"]["own"]
     # intervals over the two pretraining seeds, and electra against the baseline
     glue = table["glue"]["electra"]["summary"]
-    assert glue["encoders"] == 2 and glue["ci"][0] <= glue["mean"] <= glue["ci"][1] and glue["sd_pt"] is not None
+    assert glue["encoders"] == 2 and glue["sd_pt"] is not None
+    assert glue["ci"] is None if glue["sd_pt"] == 0 else glue["ci"][0] <= glue["mean"] <= glue["ci"][1]
     diff = table["differences"]["electra"]["glue"]
-    assert diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and 0 <= diff["p"] <= 1
+    assert diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and (diff["p"] is None or 0 <= diff["p"] <= 1)
     assert diff["mean"] == pytest.approx(table["glue"]["electra"]["score"][0] - table["glue"]["roberta"]["score"][0])
     assert "Difference against roberta" in (root / "report" / "comparison.md").read_text()
     flops = {}
@@ -74,3 +76,22 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
     again = run_study(compose_config("ablate", *overrides))
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
+    """conf/ablate_quick.yaml as shipped, cut to its clearest case: RoBERTa against the same encoder
+    from scratch on CoLA (agreement, which masked-LM pretraining learns), three fine-tuning seeds.
+    The difference must be large and significant."""
+    from pretrainlab.studies.ablation import run_study
+
+    table = run_study(compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]",
+                                     "glue.tasks=[cola]", "intrinsic=false", "snapshots=[0.5]"))
+    diff = table["differences"]["roberta"]["cola"]
+    assert diff["significant"] and diff["mean"] > 20, diff
+    # the curve end to end: half the budget and the whole, each with its interval over three seeds
+    points = table["curve"]["roberta"]
+    assert [p["fraction"] for p in points] == [0.5, 1.0] and points[0]["flops"] < points[1]["flops"]
+    assert all(p["ci"] is not None and p["ci"][0] < p["glue"] < p["ci"][1] for p in points), points
+    assert (tmp_path / "quick" / "report" / "curve.png").stat().st_size > 10_000
+    assert table["cells"]["roberta"]["cola"]["score"][0] > table["cells"]["scratch"]["cola"]["no_skill"] + 30

@@ -73,7 +73,7 @@ class Difference:
 
 def _t_interval(values: np.ndarray, level: float) -> tuple[float, float] | None:
     n = len(values)
-    if n < 2:
+    if n < 2 or float(values.std(ddof=1)) == 0.0:  # no spread seen: nothing to build an interval on
         return None
     m, se = float(values.mean()), float(values.std(ddof=1)) / math.sqrt(n)
     h = float(sps.t.ppf(0.5 + level / 2, n - 1)) * se
@@ -128,8 +128,8 @@ def _p_value(values: np.ndarray) -> float | None:
     if n < 2:
         return None
     sd = float(values.std(ddof=1))
-    if sd == 0.0:
-        return 1.0 if float(values.mean()) == 0.0 else 0.0
+    if sd == 0.0:  # identical differences from a few seeds (tied accuracies) are no evidence either way
+        return None
     t = float(values.mean()) / (sd / math.sqrt(n))
     return float(2 * sps.t.sf(abs(t), n - 1))
 
@@ -169,7 +169,7 @@ def unpaired(row: dict, baseline: dict, level: float) -> Difference:
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
     if se == 0.0:
-        return Difference(mean, (mean, mean), 1.0 if mean == 0 else 0.0, 0, "Welch t", len(row) == 1 or len(baseline) == 1)
+        return Difference(mean, None, None, 0, "none", len(row) == 1 or len(baseline) == 1)
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     h = float(sps.t.ppf(0.5 + level / 2, df)) * se
     p = float(2 * sps.t.sf(abs(mean) / se, df))

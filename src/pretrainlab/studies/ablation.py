@@ -53,7 +53,8 @@ def run_study(cfg: DictConfig) -> dict:
             if (run_dir / "encoder" / "config.json").is_file():
                 log.info("pretraining %s seed %d: done already (%s)", objective, seed, run_dir)
                 continue
-            overrides = [f"objective={objective}", f"seed={seed}", *cfg.pretrain]
+            overrides = [f"objective={objective}", f"seed={seed}", *cfg.pretrain,
+                         *(cfg.get("objective_overrides") or {}).get(objective, [])]
             if fractions:
                 overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
             if (run_dir / "checkpoints" / "last.ckpt").is_file():
