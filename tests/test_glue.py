@@ -2,6 +2,7 @@
 synthetic suite, encoding, and the suite + comparison end to end on a briefly pretrained encoder."""
 
 import json
+from pathlib import Path
 import os
 
 import numpy as np
@@ -348,3 +349,43 @@ def test_an_unreachable_hub_fails_at_once_with_the_offline_advice(monkeypatch):
     with pytest.raises(ConnectionError, match="glue.data_dir"):
         data.read_hub(get_task("rte"), "pretrainlab-test/no-such-glue")
     assert time.monotonic() - start < 10
+
+
+def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path):
+    """Results of snapshots stay out of the table and make the GLUE-against-FLOPs curve: one point per
+    fraction, its FLOPs the encoders' mean, its interval over the seeds; logged to W&B as a table."""
+    import wandb  # noqa: F401
+
+    from pretrainlab.glue.compare import curve, log_to_wandb, write_report
+
+    def at(label, fraction, flops, values):
+        out = []
+        for seed, v in enumerate(values):
+            r = _result(label, "tiny", 0, f"{label}-{fraction}", "rte", seed, v)
+            r["pretrained"].update(fraction=fraction, pretrain_flops=flops)
+            out.append(r)
+        return out
+
+    results = (at("roberta", 0.5, 1e12, [0.50, 0.52, 0.51]) + at("roberta", 1.0, 2e12, [0.60, 0.63, 0.61])
+               + at("electra", 0.5, 1.1e12, [0.55, 0.56, 0.58]) + at("electra", 1.0, 2.1e12, [0.66, 0.64, 0.65]))
+    table = write_report(results, tmp_path / "cmp", baseline="roberta")
+    # the table holds the final encoders only: three seeds each, not six
+    assert table["cells"]["roberta"]["rte"]["score"][0] == pytest.approx(100 * np.mean([0.60, 0.63, 0.61]))
+    assert len(table["cells"]["roberta"]["rte"]["seeds"]) == 3
+    lines = curve(results)
+    assert lines == table["curve"]
+    assert [p["fraction"] for p in lines["electra"]] == [0.5, 1.0]
+    assert [p["flops"] for p in lines["electra"]] == [1.1e12, 2.1e12]
+    first = lines["roberta"][0]
+    assert first["glue"] == pytest.approx(51.0) and first["ci"][0] < 51.0 < first["ci"][1]
+    for name in ("curve.png", "curve.csv"):
+        assert (tmp_path / "cmp" / name).stat().st_size > 100
+    run_dir = log_to_wandb(table, tmp_path / "cmp", mode="offline", group="curve-test")
+    chart = list(Path(run_dir).glob("media/table/glue/curve_table_*.table.json"))  # the line chart's data
+    assert chart and len(json.loads(chart[0].read_text())["data"]) == 4
+    tables = list(Path(run_dir).glob("media/table/glue/curve_points_*.table.json"))
+    assert tables, list(Path(run_dir).rglob("*"))
+    logged = json.loads(tables[0].read_text())
+    rows = [dict(zip(logged["columns"], r)) for r in logged["data"]]
+    assert sorted((r["encoder"], r["fraction"]) for r in rows) == [("electra", 0.5), ("electra", 1.0),
+                                                                 ("roberta", 0.5), ("roberta", 1.0)]

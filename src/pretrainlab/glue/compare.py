@@ -584,7 +584,7 @@ def log_to_wandb(table: dict, out_dir: Path, project: str = "pretrainlab", mode:
             "glue/curve": wandb.plot.line_series(xs=[[p["flops"] for p in lines[lb]] for lb in labels],
                                                  ys=[[p["glue"] for p in lines[lb]] for lb in labels], keys=labels,
                                                  title="GLUE score against pretraining FLOPs", xname="pretraining FLOPs"),
-            "glue/curve_table": wandb.Table(
+            "glue/curve_points": wandb.Table(
                 columns=["encoder", "fraction", "flops", "glue", "ci_low", "ci_high"],
                 data=[[lb, p["fraction"], p["flops"], p["glue"], *(p["ci"] or (None, None))] for lb in labels
                       for p in lines[lb]]),
