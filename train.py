@@ -11,6 +11,8 @@ Configs live in conf/ (see conf/train.yaml); every run writes to its own directo
 import hydra
 from omegaconf import DictConfig
 
+import pretrainlab.runtime.hydra  # noqa: F401  (the resolver --help uses)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:

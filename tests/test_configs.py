@@ -117,3 +117,15 @@ def test_every_example_in_the_entry_points_docstrings_composes():
             compose_config(name, *args)
             checked += 1
     assert checked >= 6
+
+
+def test_help_lists_the_groups_each_entry_point_composes():
+    train = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+    assert train.returncode == 0, train.stderr
+    groups = {line.split(":")[0] for line in train.stdout.splitlines() if ": " in line and "," in line}
+    assert {"model", "objective", "data", "tokenizer", "trainer", "logger"} <= groups and "task" not in groups
+    assert "model: albert_base, base, electra_small, large, medium, mini, small, tiny" in train.stdout
+    finetune = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+    assert finetune.returncode == 0 and "task: cola," in finetune.stdout

@@ -52,4 +52,20 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-__all__ = ["CONF", "choices", "command_overrides", "compose", "options"]
+FINETUNING_GROUPS = ("task",)  # composed by finetune.py and the GLUE suite, never by train.py
+
+
+def group_listing(entry: str) -> str:
+    """The config groups an entry point composes, one ``group: option, ...`` line each, for its
+    ``--help`` (``${pretrainlab.groups:train}`` in conf/train.yaml): pretraining leaves out the
+    fine-tuning groups."""
+    skip = FINETUNING_GROUPS if entry == "train" else ()
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in skip and any(p.glob("*.yaml")))
+    return "\n".join(f"{g}: {', '.join(options(g))}" for g in groups)
+
+
+if not OmegaConf.has_resolver("pretrainlab.groups"):
+    OmegaConf.register_new_resolver("pretrainlab.groups", group_listing)
+
+
+__all__ = ["CONF", "FINETUNING_GROUPS", "choices", "command_overrides", "compose", "group_listing", "options"]
