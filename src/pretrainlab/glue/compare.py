@@ -431,7 +431,7 @@ def plot(table: dict, path: Path) -> Path:
     groups = table["tasks"] + (["glue"] if table["glue"] else [])
     labels = table["labels"]
     width = 0.8 / max(1, len(labels))
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(groups) * max(1, len(labels)) + 2.5), 4.8))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.3 * len(groups) * max(1, len(labels)) + 2.5)), 4.8))
     x = np.arange(len(groups))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, label in enumerate(labels):
@@ -451,8 +451,9 @@ def plot(table: dict, path: Path) -> Path:
         ax.bar(pos, means, width, yerr=[low, high], capsize=3, label=label,
                color="lightgray" if scratch else colors[i % len(colors)], edgecolor="dimgray" if scratch else "none",
                hatch="//" if scratch else None)
-        # a zero-height bar stays visible: a short line at its value
-        ax.scatter(pos, means, marker="_", s=(width * 300) ** 2 / 100, color="black", zorder=3, linewidths=1)
+        # a zero-height bar stays visible: a thick line of its colour at its value
+        ax.hlines(means, pos - width / 2, pos + width / 2, colors="dimgray" if scratch else colors[i % len(colors)],
+                  linewidth=3, zorder=3)
     labelled = False
     for j, g in enumerate(groups):
         levels = [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]] if g in TASKS else []
