@@ -6,7 +6,9 @@ Conventions (also printed under every table):
   Spearman; MNLI: matched and mismatched accuracy; CoLA: Matthews correlation x 100);
 - the **GLUE score** of an encoder is the mean of its task scores over the tasks every compared
   encoder has, leaving out WNLI as the BERT paper did (Devlin et al., 2019, Table 1);
-- mean ± std are over seeds (std with ddof=1; 0 for a single seed).
+- mean ± std are over seeds (std with ddof=1; 0 for a single seed), with a 95% confidence interval and,
+  against a ``baseline`` row, paired differences and p-values (see ``pretrainlab.glue.stats``);
+- results of encoder snapshots (``fraction`` < 1) are left out of the table and make :func:`curve`.
 
 Inputs are results files (``experiments/glue.py`` and ``finetune.py`` write them) found under the
 given directories, or the fine-tuning runs of a W&B project (``wandb:<entity>/<project>``).
@@ -300,11 +302,6 @@ def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | No
     if pretrain_sd is not None:
         text += f" [{pretrain_sd:.1f}]"
     return text + _interval(summary["ci"] if summary else None)
-
-
-def _fmt(ms: tuple[float, float], pretrain_sd: float | None = None) -> str:
-    text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
-    return text if pretrain_sd is None else f"{text} [{pretrain_sd:.1f}]"
 
 
 def to_markdown(table: dict) -> str:
