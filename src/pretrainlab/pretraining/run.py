@@ -80,6 +80,14 @@ def resume_command(run_dir: Path) -> str:
                      "ckpt_path=last"])
 
 
+def build_data(cfg: DictConfig) -> tuple[PretrainData, SpecialTokens]:
+    """The run's corpus, tokenizer (trained or loaded from the cache) and held-out split, and the
+    tokenizer's special tokens."""
+    tokenizer_spec = instantiate(cfg.tokenizer)
+    data = PretrainData(instantiate(cfg.data), tokenizer_spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
+    return data, special_tokens(data.tokenizer, tokenizer_spec.special_tokens)
+
+
 def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
     model_vocab = cfg.model.get("vocab_size")
     if model_vocab is not None and model_vocab != vocab_size:
@@ -131,11 +139,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
     script.start()
 
-    corpus = instantiate(cfg.data)
-    tokenizer_spec = instantiate(cfg.tokenizer)
-    data = PretrainData(corpus, tokenizer_spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
+    data, tokens = build_data(cfg)
     tokenizer = data.tokenizer
-    tokens = special_tokens(tokenizer, tokenizer_spec.special_tokens)
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
     info = run_info(objective_cfg, encoder_config.to_dict())
     if resume_from is not None:
@@ -248,4 +253,4 @@ def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:
     run.log_artifact(artifact, aliases=["latest"])
 
 
-__all__ = ["build_budget", "build_encoder_config", "build_objective", "resume_command", "run", "validate"]
+__all__ = ["build_budget", "build_data", "build_encoder_config", "build_objective", "resume_command", "run", "validate"]

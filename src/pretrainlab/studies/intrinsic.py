@@ -17,17 +17,14 @@ import logging
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.data.datamodule import PretrainDataModule
-from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder
-from pretrainlab.pretraining.run import build_encoder_config, build_objective
+from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
 from pretrainlab.runtime.checkpoints import read
-from pretrainlab.tokens import special_tokens
 
 log = logging.getLogger("pretrainlab")
 
@@ -43,9 +40,7 @@ def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int 
     run_dir = Path(run_dir)
     cfg = OmegaConf.load(run_dir / "config.yaml")
     checkpoint = read(run_dir / "checkpoints" / "last.ckpt")
-    spec = instantiate(cfg.tokenizer)
-    data = PretrainData(instantiate(cfg.data), spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
-    tokens = special_tokens(data.tokenizer, spec.special_tokens)
+    data, tokens = build_data(cfg)
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
     objective = build_objective(cfg, encoder_config, tokens)
     encoder = Encoder(encoder_config)
@@ -89,8 +84,9 @@ def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
         if stamp is None:
             log.warning("%s has no checkpoints/last.ckpt: left out of the intrinsic checks", run)
             continue
-        if cached.is_file() and json.loads(cached.read_text()).get("checkpoint_mtime_ns") == stamp:
-            rows[run.name] = json.loads(cached.read_text())
+        row = json.loads(cached.read_text()) if cached.is_file() else {}
+        if row.get("checkpoint_mtime_ns") == stamp:
+            rows[run.name] = row
             continue
         row = {"checkpoint_mtime_ns": stamp, "own": evaluate(run)}
         pair = next((t for t in PAIR_TASKS if f"{t}_acc" in row["own"]), None)
