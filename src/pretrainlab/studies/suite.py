@@ -5,7 +5,8 @@ Results go to ``<output_dir>/<task>/seed<k>.json`` (the run's own files, W&B inc
 an interrupted suite continues where it stopped. Results are keyed by the encoder's identity (the
 hash of its weights, see ``finetune.encoder_identity``), not by its path: a results file written
 for another encoder, such as the earlier encoder of a run directory pretrained again, is refused
-rather than reported as this one's. ``summary.json`` / ``summary.md`` aggregate the seeds.
+rather than reported as this one's; so is one written with other fine-tuning settings (the task's
+recipe, the data, the optimizer), which would mix two experiments in one table. ``summary.json`` / ``summary.md`` aggregate the seeds.
 """
 
 from __future__ import annotations
@@ -65,18 +66,19 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
         task = task_config(name, task_overrides)
         for seed in seeds:
             path = output_dir / task.name / f"seed{seed}.json"
-            if path.is_file():
-                done = json.loads(path.read_text())
-                _check_same_encoder(done, identity, cfg, path)
-                log.info("%s seed %d: done already (%s)", task.name, seed, path)
-                results.append(done)
-                continue
             run_cfg = cfg.copy()
             OmegaConf.set_struct(run_cfg, False)
             run_cfg.task = task
             run_cfg.seed = seed
             for key in ("tasks", "seeds", "output_dir", "task_overrides"):
                 run_cfg.pop(key, None)
+            if path.is_file():
+                done = json.loads(path.read_text())
+                _check_same_encoder(done, identity, cfg, path)
+                _check_same_settings(done, run_cfg, path)
+                log.info("%s seed %d: done already (%s)", task.name, seed, path)
+                results.append(done)
+                continue
             choices = {**hydra.choices(), "task": task.name}
             results.append(finetuning.run(run_cfg, output_dir / task.name / f"seed{seed}", results_path=path,
                                           choices=choices))
@@ -97,6 +99,38 @@ def _check_same_encoder(done: dict, identity: dict, cfg: DictConfig, path: Path)
                f"{identity['weights_sha256'][:12]}: the encoder was pretrained again or replaced)")
     raise ValueError(f"{path} {why}. Use another output_dir for this encoder, or move the old results away to run "
                      f"them again.")
+
+
+# what a result depends on, beyond the encoder and the seed (trainer, logger and compile settings change
+# how it runs, not what it computes)
+RESULT_SETTINGS = ("task", "glue", "optim")
+
+
+def _check_same_settings(done: dict, run_cfg: DictConfig, path: Path) -> None:
+    was, now = done.get("config"), OmegaConf.to_container(run_cfg, resolve=True)
+    if not was:
+        return
+    changed = [key for group in RESULT_SETTINGS for key in _flat_diff(was.get(group), now.get(group), group)]
+    if changed:
+        shown = ", ".join(f"{k}: {_lookup(was, k)!r} then, {_lookup(now, k)!r} now" for k in changed[:4])
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        raise ValueError(f"{path} was fine-tuned with other settings ({shown}{more}): reporting it beside this "
+                         f"suite's results would mix two experiments. Use another output_dir for these settings, "
+                         f"or move the old results away to run them again.")
+
+
+def _flat_diff(a, b, prefix: str) -> list[str]:
+    """The dotted keys whose values differ; a key on one side only (a setting added to the project
+    since, at its default) is no difference."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) & set(b)) for k in _flat_diff(a[key], b[key], f"{prefix}.{key}")]
+    return [] if a == b else [prefix]
+
+
+def _lookup(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
