@@ -13,7 +13,8 @@ import sklearn.metrics
 
 from pretrainlab.glue import metrics
 from pretrainlab.glue.data import GlueDataError, encode, read_local, read_tsv
-from pretrainlab.glue.synthetic import SIZES, SyntheticGlue
+from pretrainlab.data.synthetic import SyntheticLanguage
+from pretrainlab.glue.synthetic import SIZES, SyntheticGlue, split_words
 from pretrainlab.glue.tasks import TASKS, get_task
 
 
@@ -81,6 +82,28 @@ def test_synthetic_suite_is_deterministic_and_cached(tmp_path):
     assert SyntheticGlue(scale=0.05).write(tmp_path / "a") == a and (a / "suite.json").stat().st_mtime_ns == stamp
     c = SyntheticGlue(scale=0.05, seed=1).write(tmp_path / "a")
     assert c != a and (c / "RTE" / "train.tsv").read_bytes() != (a / "RTE" / "train.tsv").read_bytes()
+
+
+def _content_words(split) -> set[str]:
+    """Every word of a split's texts that is a noun, verb or adjective of the language."""
+    lex = SyntheticLanguage().build()
+    content = {w for t in lex.topics for k in ("nouns", "verbs", "adjectives") for w in t[k]}
+    texts = list(split.text_a) + list(split.text_b or [])
+    return {w.strip(".?").lower() for text in texts for w in text.split()} & content
+
+
+def test_unseen_words_keep_dev_vocabulary_out_of_training(tmp_path):
+    root = SyntheticGlue(scale=0.3, unseen_words=0.5).write(tmp_path)
+    held = split_words(SyntheticLanguage(), 0.5, 0)
+    held_words = {w for t in held for ws in t.values() for w in ws}
+    for name, spec in TASKS.items():
+        splits = read_local(spec, root)
+        train = _content_words(splits["train"])
+        dev = set().union(*(_content_words(splits[s]) for s in spec.eval_splits))
+        assert train and dev and not train & held_words and dev <= held_words, name
+    assert SyntheticGlue(scale=0.3).write(tmp_path) != root  # a suite of its own in the cache
+    with pytest.raises(ValueError, match="unseen_words=1.0"):
+        SyntheticGlue(unseen_words=1.0)
 
 
 def test_reader_keeps_quotes_and_maps_labels(tmp_path):
@@ -270,6 +293,11 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     other = compose_config("glue", f"pretrained={pretrained_run}", "init=scratch", *FAST)
     with pytest.raises(ValueError, match="Use another output_dir"):
         suite.run_suite(other, tasks, seeds, out, dict(cfg.task_overrides))
+    # nor results fine-tuned with other settings: another recipe, other data
+    for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5"):
+        other = compose_config("glue", f"pretrained={pretrained_run}", *FAST, change)
+        with pytest.raises(ValueError, match=r"other settings \((task.lr|glue.synthetic.unseen_words): .* then"):
+            suite.run_suite(other, tasks, seeds, out, dict(other.task_overrides))
 
     table = write_report(collect([pretrained_run]), tmp_path / "cmp")
     assert table["labels"] == ["roberta", "scratch"] and table["tasks"] == ["cola", "mrpc", "stsb", "mnli"]

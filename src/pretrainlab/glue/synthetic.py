@@ -18,6 +18,11 @@ has something to transfer:
 
 Labels follow fixed rules, so every task is learnable; some need word order and agreement, which
 a pretrained encoder has seen and a scratch one has not.
+
+``unseen_words`` (a share, 0 by default) holds part of every topic's nouns, verbs and adjectives out
+of the training splits: the dev sets are built from those words alone, as real dev sets hold words
+their training sets lack. A fine-tuned encoder then has to know them from pretraining (their
+topic, their word class, how they combine), which is what a scratch encoder cannot know.
 """
 
 from __future__ import annotations
@@ -75,19 +80,51 @@ def render(words: list[str]) -> str:
     return s[0].upper() + s[1:]
 
 
+KINDS = ("nouns", "verbs", "adjectives")
+
+
+def split_words(language: SyntheticLanguage, share: float, seed: int) -> list[dict[str, list[str]]]:
+    """Every topic's held-out words: ``share`` of each kind, at least one, and never so many that
+    fewer than two nouns or verbs (one adjective) stay for training, where labels need "another
+    verb" or "another noun" of the same topic. What the training splits of ``unseen_words=share``
+    never use."""
+    rng = random.Random(f"unseen-{seed}-{share}")
+    held = []
+    for topic in language.build().topics:
+        held.append({kind: rng.sample(topic[kind], k=max(1, min(len(topic[kind]) - (1 if kind == "adjectives" else 2),
+                                                                   round(share * len(topic[kind])))))
+                     for kind in KINDS})
+    return held
+
+
 class _World:
-    def __init__(self, language: SyntheticLanguage, rng: random.Random):
+    """Draws clauses from the language; ``words`` = "seen" or "unseen" keeps each topic to the words of
+    that side of ``held`` (``split_words``). Where a choice that must differ from a given word has
+    nothing else left in its topic, it takes a word of the same side from another topic."""
+
+    def __init__(self, language: SyntheticLanguage, rng: random.Random, held: list[dict] | None = None,
+                 words: str = "all"):
         self.lex = language.build()
         self.rng = rng
+        if held is not None and words != "all":
+            keep = (lambda w, h: w in h) if words == "unseen" else (lambda w, h: w not in h)
+            self.lex.topics = [{k: [w for w in t[k] if keep(w, set(h[k]))] for k in KINDS}
+                               for t, h in zip(self.lex.topics, held)]
+            nouns = {n for t in self.lex.topics for n in t["nouns"]}
+            self.lex.prefs = {v: [n for n in objs if n in nouns] for v, objs in self.lex.prefs.items()}
+
+    def _pick(self, t: int, kind: str, avoid: str | None) -> str:
+        pool = [w for w in self.lex.topics[t][kind] if w != avoid]
+        return self.rng.choice(pool or [w for topic in self.lex.topics for w in topic[kind] if w != avoid])
 
     def topic(self, topics: list[int] | None = None) -> int:
         return self.rng.choice(topics) if topics else self.rng.randrange(len(self.lex.topics))
 
     def noun(self, t: int, avoid: str | None = None) -> str:
-        return self.rng.choice([n for n in self.lex.topics[t]["nouns"] if n != avoid])
+        return self._pick(t, "nouns", avoid)
 
     def verb(self, t: int, avoid: str | None = None) -> str:
-        return self.rng.choice([v for v in self.lex.topics[t]["verbs"] if v != avoid])
+        return self._pick(t, "verbs", avoid)
 
     def adj(self, t: int) -> str | None:
         return self.rng.choice(self.lex.topics[t]["adjectives"]) if self.rng.random() < 0.4 else None
@@ -277,6 +314,12 @@ class SyntheticGlue:
     scale: float = 1.0       # multiplies every task's train and dev size
     language_seed: int = 0   # the pretraining corpus's language (data.seed of data=synthetic)
     num_topics: int = 8
+    unseen_words: float = 0.0  # share of each topic's words kept out of the training splits (dev uses only them)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.unseen_words < 1.0:
+            raise ValueError(f"glue.synthetic.unseen_words={self.unseen_words}: expected a share of each topic's "
+                             f"words in [0, 1), e.g. 0.5.")
 
     def key(self) -> dict:
         return {**asdict(self), "version": SUITE_VERSION}
@@ -294,6 +337,7 @@ class SyntheticGlue:
 
     def _generate(self, out: Path) -> None:
         language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
+        held = split_words(language, self.unseen_words, self.seed) if self.unseen_words > 0 else None
         seen = list(range(max(1, self.num_topics - 2)))  # MNLI mismatched: the last two topics
         unseen = [t for t in range(self.num_topics) if t not in seen] or seen
         for task, (n_train, n_dev) in SIZES.items():
@@ -301,14 +345,15 @@ class SyntheticGlue:
             d = out / TASKS[task].directory
             d.mkdir()
             for split, n in (("train", n_train), ("dev", n_dev)):
-                w = _World(language, random.Random(f"glue-{self.seed}-{task}-{split}"))
+                words = "all" if held is None else ("seen" if split == "train" else "unseen")
+                w = _World(language, random.Random(f"glue-{self.seed}-{task}-{split}"), held, words)
                 if task == "mnli":
                     dev = split == "dev"
                     head = _MNLI_HEAD + (["label1", "label2", "label3", "label4", "label5"] if dev else ["label1"])
                     head += ["gold_label"]
                     if dev:
                         _write(d / "dev_matched.tsv", head, _rows(_mnli, w, n, seen, dev=True))
-                        w2 = _World(language, random.Random(f"glue-{self.seed}-{task}-mismatched"))
+                        w2 = _World(language, random.Random(f"glue-{self.seed}-{task}-mismatched"), held, words)
                         _write(d / "dev_mismatched.tsv", head, _rows(_mnli, w2, n, unseen, dev=True))
                     else:
                         _write(d / "train.tsv", head, _rows(_mnli, w, n, seen))
