@@ -80,18 +80,21 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
-    """conf/ablate_quick.yaml as shipped, cut to its clearest case: RoBERTa against the same encoder
-    from scratch on CoLA (agreement, which masked-LM pretraining learns), three fine-tuning seeds.
-    The difference must be large and significant."""
+    """conf/ablate_quick.yaml as shipped, with one objective: RoBERTa against the same encoder from
+    scratch on the study's three tasks (dev sets of words the tasks' training sets never show), three
+    fine-tuning seeds each. Pretraining must be ahead on most tasks, and by a large, significant margin
+    where the label is the topic of words known from pretraining alone (SST-2)."""
     from pretrainlab.studies.ablation import run_study
 
     table = run_study(compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]",
-                                     "glue.tasks=[cola]", "intrinsic=false", "snapshots=[0.5]"))
-    diff = table["differences"]["roberta"]["cola"]
-    assert diff["significant"] and diff["mean"] > 20, diff
-    # the curve end to end: half the budget and the whole, each with its interval over three seeds
-    points = table["curve"]["roberta"]
-    assert [p["fraction"] for p in points] == [0.5, 1.0] and points[0]["flops"] < points[1]["flops"]
-    assert all(p["ci"] is not None and p["ci"][0] < p["glue"] < p["ci"][1] for p in points), points
-    assert (tmp_path / "quick" / "report" / "curve.png").stat().st_size > 10_000
-    assert table["cells"]["roberta"]["cola"]["score"][0] > table["cells"]["scratch"]["cola"]["no_skill"] + 30
+                                     "intrinsic=false"))
+    tasks = table["tasks"]
+    assert tasks == ["cola", "sst2", "mrpc"]
+    diffs = {task: table["differences"]["roberta"][task] for task in tasks}
+    ahead = [task for task, d in diffs.items() if d["mean"] > 0]
+    assert len(ahead) >= 2, diffs
+    assert diffs["sst2"]["significant"] and diffs["sst2"]["mean"] > 30, diffs["sst2"]
+    cells = table["cells"]
+    assert cells["roberta"]["sst2"]["score"][0] > 90 > cells["scratch"]["sst2"]["no_skill"] + 30
+    assert cells["scratch"]["sst2"]["score"][0] < 70  # scratch knows nothing of the dev set's words
+    assert table["glue"]["roberta"]["score"][0] > table["glue"]["scratch"]["score"][0] + 15
