@@ -84,6 +84,34 @@ def test_synthetic_suite_is_deterministic_and_cached(tmp_path):
     assert c != a and (c / "RTE" / "train.tsv").read_bytes() != (a / "RTE" / "train.tsv").read_bytes()
 
 
+def _padding(lengths: np.ndarray, order: list[int], batch_size: int) -> float:
+    batches = [lengths[order[i:i + batch_size]] for i in range(0, len(order), batch_size)]
+    return 1 - lengths.sum() / sum(b.max() * len(b) for b in batches)
+
+
+def test_length_grouped_batches_carry_little_padding_and_stay_random():
+    from pretrainlab.glue.data import LengthGroupedSampler
+
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(2.5, 0.6, 5000).astype(int) + 3, 128)  # CoLA-like: mostly short
+    sampler = LengthGroupedSampler(lengths, 32, torch.Generator().manual_seed(0))
+    epochs = [list(sampler) for _ in range(3)]
+    assert all(sorted(e) == list(range(5000)) for e in epochs)  # each example once per epoch
+    assert epochs[0] != epochs[1]  # a new order every epoch...
+    again = LengthGroupedSampler(lengths, 32, torch.Generator().manual_seed(0))
+    assert list(again) == epochs[0]  # ...and the same orders from the same seed
+    random_order = rng.permutation(5000).tolist()
+    sorted_order = np.argsort(lengths, kind="stable").tolist()  # the least padding any order can give
+    assert _padding(lengths, random_order, 32) > 0.5  # random batches: mostly padding
+    assert _padding(lengths, epochs[0], 32) < 2.0 * _padding(lengths, sorted_order, 32) + 0.05 < 0.25
+    # the batches come in random order, not from short to long
+    batch_max = [lengths[epochs[0][i:i + 32]].max() for i in range(0, 5000, 32)]
+    assert abs(np.corrcoef(np.arange(len(batch_max)), batch_max)[0, 1]) < 0.2
+    # which examples share a batch changes between epochs
+    first = {frozenset(epochs[0][i:i + 32]) for i in range(0, 5000, 32)}
+    assert len(first & {frozenset(epochs[1][i:i + 32]) for i in range(0, 5000, 32)}) < 5
+
+
 def _content_words(split) -> set[str]:
     """Every word of a split's texts that is a noun, verb or adjective of the language."""
     lex = SyntheticLanguage().build()
@@ -294,10 +322,21 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="Use another output_dir"):
         suite.run_suite(other, tasks, seeds, out, dict(cfg.task_overrides))
     # nor results fine-tuned with other settings: another recipe, other data
-    for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5"):
+    for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5", "glue.group_by_length=false"):
         other = compose_config("glue", f"pretrained={pretrained_run}", *FAST, change)
-        with pytest.raises(ValueError, match=r"other settings \((task.lr|glue.synthetic.unseen_words): .* then"):
+        with pytest.raises(ValueError, match=r"other settings \((task.lr|glue.synthetic.unseen_words|"
+                                             r"glue.group_by_length): .* then"):
             suite.run_suite(other, tasks, seeds, out, dict(other.task_overrides))
+    # results written before a setting existed count as made with its old behaviour
+    path = os.path.join(out, "cola", "seed0.json")
+    done = json.loads(open(path).read())
+    del done["config"]["glue"]["synthetic"]["unseen_words"]  # 0.0 before the setting: the same suite
+    open(path, "w").write(json.dumps(done))
+    assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
+    del done["config"]["glue"]["group_by_length"]  # random batches before the setting
+    open(path, "w").write(json.dumps(done))
+    with pytest.raises(ValueError, match=r"glue.group_by_length: False then, True now"):
+        suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))
 
     table = write_report(collect([pretrained_run]), tmp_path / "cmp")
     assert table["labels"] == ["roberta", "scratch"] and table["tasks"] == ["cola", "mrpc", "stsb", "mnli"]

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.finetuning.encoders import load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule
-from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate, encode, load_task
+from pretrainlab.glue.data import EncodedDataset, EncodedSplit, LengthGroupedSampler, collate, encode, load_task
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
 from pretrainlab.model.encoder import ConfigError
@@ -87,9 +87,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
     collate_fn = functools.partial(collate, pad_id=pad)
+    order = (dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
+             if glue.get("group_by_length") else dict(shuffle=True, generator=gen))
     train_loader = torch.utils.data.DataLoader(
-        EncodedDataset(encoded_train), batch_size=per_device, shuffle=True, generator=gen, drop_last=False,
-        collate_fn=collate_fn, num_workers=cfg.num_workers, worker_init_fn=worker_init)
+        EncodedDataset(encoded_train), batch_size=per_device, drop_last=False, collate_fn=collate_fn,
+        num_workers=cfg.num_workers, worker_init_fn=worker_init, **order)
     eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
     total_steps = steps_per_epoch * cfg.task.epochs

@@ -112,24 +112,32 @@ def _check_same_settings(done: dict, run_cfg: DictConfig, path: Path) -> None:
         return
     changed = [key for group in RESULT_SETTINGS for key in _flat_diff(was.get(group), now.get(group), group)]
     if changed:
-        shown = ", ".join(f"{k}: {_lookup(was, k)!r} then, {_lookup(now, k)!r} now" for k in changed[:4])
+        shown = ", ".join(f"{k}: {_lookup(was, k, LEGACY.get(k))!r} then, {_lookup(now, k)!r} now"
+                          for k in changed[:4])
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
         raise ValueError(f"{path} was fine-tuned with other settings ({shown}{more}): reporting it beside this "
                          f"suite's results would mix two experiments. Use another output_dir for these settings, "
                          f"or move the old results away to run them again.")
 
 
-def _flat_diff(a, b, prefix: str) -> list[str]:
-    """The dotted keys whose values differ; a key on one side only (a setting added to the project
-    since, at its default) is no difference."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) & set(b)) for k in _flat_diff(a[key], b[key], f"{prefix}.{key}")]
-    return [] if a == b else [prefix]
+# settings added since results were first written, with the value that results without them were made with
+LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
 
 
-def _lookup(tree: dict, dotted: str):
+def _flat_diff(was, now, prefix: str) -> list[str]:
+    """The dotted keys whose values differ. A key missing from the old results is a setting added
+    since: it is compared at its ``LEGACY`` value, or not at all when it changes nothing."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        keys = [k for k in now if k in was or f"{prefix}.{k}" in LEGACY]
+        return [d for k in keys for d in _flat_diff(was.get(k, LEGACY.get(f"{prefix}.{k}")), now[k], f"{prefix}.{k}")]
+    return [] if was == now else [prefix]
+
+
+def _lookup(tree: dict, dotted: str, missing=None):
     for part in dotted.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
+        if not isinstance(tree, dict) or part not in tree:
+            return missing
+        tree = tree[part]
     return tree
 
 
