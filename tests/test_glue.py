@@ -89,6 +89,17 @@ def _padding(lengths: np.ndarray, order: list[int], batch_size: int) -> float:
     return 1 - lengths.sum() / sum(b.max() * len(b) for b in batches)
 
 
+def test_batches_are_padded_to_their_longest_and_rounded_only_when_asked():
+    from pretrainlab.glue.data import collate
+
+    items = [(i, np.arange(1, n + 1), np.zeros(n, np.int64), i % 2) for i, n in enumerate([5, 11, 3])]
+    batch = collate(items, pad_id=0)
+    assert batch["input_ids"].shape == (3, 11)  # no column that is padding in every row
+    assert batch["attention_mask"].sum(1).tolist() == [5, 11, 3] and batch["index"].tolist() == [0, 1, 2]
+    assert (batch["input_ids"][0, 5:] == 0).all() and batch["input_ids"][1, -1] == 11
+    assert collate(items, pad_id=0, multiple=8)["input_ids"].shape == (3, 16)  # compiled runs: fewer shapes
+
+
 def test_length_grouped_batches_carry_little_padding_and_stay_random():
     from pretrainlab.glue.data import LengthGroupedSampler
 
@@ -322,7 +333,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="Use another output_dir"):
         suite.run_suite(other, tasks, seeds, out, dict(cfg.task_overrides))
     # nor results fine-tuned with other settings: another recipe, other data
-    for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5", "glue.group_by_length=false"):
+    for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5", "glue.group_by_length=true"):
         other = compose_config("glue", f"pretrained={pretrained_run}", *FAST, change)
         with pytest.raises(ValueError, match=r"other settings \((task.lr|glue.synthetic.unseen_words|"
                                              r"glue.group_by_length): .* then"):
@@ -331,12 +342,12 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     path = os.path.join(out, "cola", "seed0.json")
     done = json.loads(open(path).read())
     del done["config"]["glue"]["synthetic"]["unseen_words"]  # 0.0 before the setting: the same suite
-    open(path, "w").write(json.dumps(done))
-    assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
     del done["config"]["glue"]["group_by_length"]  # random batches before the setting
     open(path, "w").write(json.dumps(done))
+    assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
+    grouped = compose_config("glue", f"pretrained={pretrained_run}", *FAST, "glue.group_by_length=true")
     with pytest.raises(ValueError, match=r"glue.group_by_length: False then, True now"):
-        suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))
+        suite.run_suite(grouped, tasks, seeds, None, dict(grouped.task_overrides))
 
     table = write_report(collect([pretrained_run]), tmp_path / "cmp")
     assert table["labels"] == ["roberta", "scratch"] and table["tasks"] == ["cola", "mrpc", "stsb", "mnli"]

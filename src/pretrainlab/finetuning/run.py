@@ -39,13 +39,15 @@ from pretrainlab.runtime.signals import worker_init
 log = logging.getLogger("pretrainlab")
 
 
-def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0) -> torch.utils.data.DataLoader:
+def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0,
+                multiple: int = 1) -> torch.utils.data.DataLoader:
     """A dev set's batches, its examples in order of length: each batch is padded to its longest,
     so little padding is computed. Predictions are matched to examples by index, so the order
     changes no metric."""
     return torch.utils.data.DataLoader(
         EncodedDataset(split), batch_size=batch_size, sampler=sorted(range(len(split)), key=lambda i: len(split.ids[i])),
-        collate_fn=functools.partial(collate, pad_id=pad_id), num_workers=num_workers, worker_init_fn=worker_init)
+        collate_fn=functools.partial(collate, pad_id=pad_id, multiple=multiple), num_workers=num_workers,
+        worker_init_fn=worker_init)
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | Path | None = None,
@@ -86,17 +88,19 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     per_device = cfg.task.batch_size // world
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
-    collate_fn = functools.partial(collate, pad_id=pad)
+    compile_ = compile_options(cfg)
+    multiple = 8 if compile_ else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
+    collate_fn = functools.partial(collate, pad_id=pad, multiple=multiple)
     order = (dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
              if glue.get("group_by_length") else dict(shuffle=True, generator=gen))
     train_loader = torch.utils.data.DataLoader(
         EncodedDataset(encoded_train), batch_size=per_device, drop_last=False, collate_fn=collate_fn,
         num_workers=cfg.num_workers, worker_init_fn=worker_init, **order)
-    eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers) for e in encoded_eval]
+    eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers, multiple) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
     total_steps = steps_per_epoch * cfg.task.epochs
     module = FinetuneModule(model.encoder, spec, optim, total_steps, cfg.task.classifier_dropout, eval_names,
-                            compile=compile_options(cfg))
+                            compile=compile_)
 
     script.save_config()
     logger = script.build_logger(
