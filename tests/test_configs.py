@@ -119,6 +119,20 @@ def test_every_example_in_the_entry_points_docstrings_composes():
     assert checked >= 6
 
 
+def test_the_gpu_check_scripts_train_command_composes():
+    """experiments/gpu_check.sh runs on GPU machines only: its train.py overrides are checked here."""
+    import re
+    import shlex
+
+    text = (ROOT / "experiments" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    commands = [line for line in text.splitlines() if '"$PY" train.py' in line]
+    assert len(commands) == 1
+    args = shlex.split(commands[0].split("train.py", 1)[1].split(">")[0])
+    args = [re.sub(r"\$compile", "false", a) for a in args if not a.startswith("hydra.")]
+    cfg = compose_config("train", *args)
+    assert cfg.batch_size == 256 and cfg.trainer.accelerator == "gpu" and cfg.logger.name == "csv"
+
+
 def test_help_lists_the_groups_each_entry_point_composes():
     train = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                            timeout=120)
