@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import datasets
 
 from pretrainlab.data.hashing import fingerprint
+from pretrainlab.data.hub import hub_offline
 from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, generate_documents
 
 # --- sentence splitting ------------------------------------------------------------------------
@@ -336,7 +337,7 @@ class HubCorpus(Corpus):
                 cache_dir=str(cache_dir / "hf-datasets"),
             )
         except Exception as e:  # noqa: BLE001 - re-raised with what to do
-            offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+            offline = hub_offline()
             raise ConnectionError(
                 f"could not load the hub dataset {src.path}"
                 f"{'/' + src.name if src.name else ''} ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "

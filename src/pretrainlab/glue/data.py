@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import sys
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.glue.tasks import TaskSpec
 from pretrainlab.tokens import SpecialTokens
 
@@ -122,40 +120,13 @@ def read_local(spec: TaskSpec, data_dir: str | Path) -> dict[str, GlueSplit]:
     return splits
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds. With a proxy
-    configured, or offline mode already set, it is not probed (True, and the hub library decides)."""
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
-        return True
-    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _go_offline() -> None:
-    """Hub libraries in offline mode: the datasets cache is used, and a missing dataset fails at once
-    instead of after a minute of retries."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    for module, attrs in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
-        loaded = sys.modules.get(module)
-        for attr in attrs:
-            if loaded is not None and hasattr(loaded, attr):
-                setattr(loaded, attr, True)
-
-
 def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]:
     """A task from the Hugging Face hub (``nyu-mll/glue``); needs network or the datasets cache.
     When the hub does not answer, the cache alone is tried, at once."""
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if not offline and not hub_reachable():
+    if not hub_offline() and not hub_reachable():
         log.info("the Hugging Face hub is not reachable: looking for %s/%s in the datasets cache only", dataset,
                  spec.name)
-        _go_offline()
+        go_offline()
     from datasets import load_dataset
 
     try:
