@@ -6,7 +6,8 @@ an interrupted suite continues where it stopped. Results are keyed by the encode
 hash of its weights, see ``finetune.encoder_identity``), not by its path: a results file written
 for another encoder, such as the earlier encoder of a run directory pretrained again, is refused
 rather than reported as this one's; so is one written with other fine-tuning settings (the task's
-recipe, the data, the optimizer), which would mix two experiments in one table. ``summary.json`` / ``summary.md`` aggregate the seeds.
+recipe, the data, the optimizer), which would mix two experiments in one table. ``summary.json`` /
+``summary.md`` aggregate the seeds.
 """
 
 from __future__ import annotations
@@ -110,10 +111,9 @@ def _check_same_settings(done: dict, run_cfg: DictConfig, path: Path) -> None:
     was, now = done.get("config"), OmegaConf.to_container(run_cfg, resolve=True)
     if not was:
         return
-    changed = [key for group in RESULT_SETTINGS for key in _flat_diff(was.get(group), now.get(group), group)]
+    changed = [d for group in RESULT_SETTINGS for d in _flat_diff(was.get(group), now.get(group), group)]
     if changed:
-        shown = ", ".join(f"{k}: {_lookup(was, k, LEGACY.get(k))!r} then, {_lookup(now, k)!r} now"
-                          for k in changed[:4])
+        shown = ", ".join(f"{key}: {then!r} then, {value!r} now" for key, then, value in changed[:4])
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
         raise ValueError(f"{path} was fine-tuned with other settings ({shown}{more}): reporting it beside this "
                          f"suite's results would mix two experiments. Use another output_dir for these settings, "
@@ -124,21 +124,14 @@ def _check_same_settings(done: dict, run_cfg: DictConfig, path: Path) -> None:
 LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
 
 
-def _flat_diff(was, now, prefix: str) -> list[str]:
-    """The dotted keys whose values differ. A key missing from the old results is a setting added
-    since: it is compared at its ``LEGACY`` value, or not at all when it changes nothing."""
+def _flat_diff(was, now, prefix: str) -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) of every setting that differs. A key missing from the old
+    results is a setting added since: it is compared at its ``LEGACY`` value, or not at all when it
+    changes nothing."""
     if isinstance(was, dict) and isinstance(now, dict):
         keys = [k for k in now if k in was or f"{prefix}.{k}" in LEGACY]
         return [d for k in keys for d in _flat_diff(was.get(k, LEGACY.get(f"{prefix}.{k}")), now[k], f"{prefix}.{k}")]
-    return [] if was == now else [prefix]
-
-
-def _lookup(tree: dict, dotted: str, missing=None):
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return missing
-        tree = tree[part]
-    return tree
+    return [] if was == now else [(prefix, was, now)]
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
