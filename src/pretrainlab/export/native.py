@@ -76,8 +76,8 @@ def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens
 
     def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
-        names = {role: tokenizer.id_to_token(i) for role, i in tokens.ids().items()}
-        with_template(tokenizer, names["cls"], names["sep"]).save(str(tmp / TOKENIZER))
+        cls, sep = tokenizer.id_to_token(tokens.cls_id), tokenizer.id_to_token(tokens.sep_id)
+        with_template(tokenizer, cls, sep).save(str(tmp / TOKENIZER))
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
 
     return atomic.build_dir(out_dir, build)

@@ -107,8 +107,8 @@ class _World:
         self.lex = language.build()
         self.rng = rng
         if held is not None and words != "all":
-            keep = (lambda w, h: w in h) if words == "unseen" else (lambda w, h: w not in h)
-            self.lex.topics = [{k: [w for w in t[k] if keep(w, set(h[k]))] for k in KINDS}
+            unseen = words == "unseen"
+            self.lex.topics = [{k: [w for w in t[k] if (w in h[k]) == unseen] for k in KINDS}
                                for t, h in zip(self.lex.topics, held)]
             nouns = {n for t in self.lex.topics for n in t["nouns"]}
             self.lex.prefs = {v: [n for n in objs if n in nouns] for v, objs in self.lex.prefs.items()}

@@ -44,7 +44,7 @@ def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int 
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
     objective = build_objective(cfg, encoder_config, tokens)
     encoder = Encoder(encoder_config)
-    state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+    state = checkpoint["state_dict"]  # compile wraps a function, not the modules: the keys are plain
     encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
     objective.load_state_dict({k[len("objective."):]: v for k, v in state.items() if k.startswith("objective.")})
     encoder.eval(), objective.eval()
