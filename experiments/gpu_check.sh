@@ -13,6 +13,10 @@ set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=${1:-runs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}
+if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then  # never write over an earlier measurement
+  echo "$OUT already holds files (an earlier measurement?): give another out_dir, or move it away." >&2
+  exit 1
+fi
 mkdir -p "$OUT"
 export WANDB_MODE=${WANDB_MODE:-offline}
 

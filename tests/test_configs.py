@@ -133,6 +133,17 @@ def test_the_gpu_check_scripts_train_command_composes():
     assert cfg.batch_size == 256 and cfg.trainer.accelerator == "gpu" and cfg.logger.name == "csv"
 
 
+def test_the_gpu_check_script_never_writes_over_an_earlier_measurement(tmp_path):
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "bench_eager.txt").write_text("numbers")
+    done = subprocess.run(["bash", str(ROOT / "experiments" / "gpu_check.sh"), str(earlier)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "already holds files" in done.stderr
+    assert [p.name for p in earlier.iterdir()] == ["bench_eager.txt"]
+    assert (earlier / "bench_eager.txt").read_text() == "numbers"
+
+
 def test_help_lists_the_groups_each_entry_point_composes():
     train = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                            timeout=120)
