@@ -46,6 +46,34 @@ def _prefix(final: Path) -> str:
     return f".{final.name}.tmp-{_HOST}-{os.getpid()}-"
 
 
+class WriteError(OSError):
+    """An output that could not be written (a full disk, a quota, a file-size limit), naming it."""
+
+
+def _failed(path: Path, e: BaseException) -> WriteError:
+    """A :class:`WriteError` saying which output failed, why, and how much room its file system has."""
+    if isinstance(e, OSError) and e.errno:
+        reason = os.strerror(e.errno)
+    else:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free on its file system"
+    except OSError:
+        free = "free space unknown"
+    error = WriteError(f"could not write {path}: {reason} ({free}). Nothing was replaced: the previous version, if "
+                       f"any, is intact. Make room there (a full disk, a quota or a file-size limit is the usual cause) or write to another disk, and run again.")
+    error.errno = getattr(e, "errno", None)
+    return error
+
+
+def destination(path: str | Path) -> Path:
+    """Where a write to ``path`` lands: the target of a symbolic link at ``path`` (a link to an
+    earlier output is followed, so the output it points at is the one replaced, never the link
+    turned into a copy while the real folder keeps a stale one), else ``path``."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def temporary_dir(final: Path) -> Path:
     """An empty directory beside ``final``, with ordinary permissions, to be renamed onto it."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -55,8 +83,9 @@ def temporary_dir(final: Path) -> Path:
 
 
 def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(f)`` on a temporary file beside ``path``, then rename it onto ``path``."""
-    path = Path(path)
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it onto ``path`` (onto
+    the target of a link at ``path``: :func:`destination`)."""
+    path = destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path))
     try:
@@ -64,25 +93,29 @@ def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             write(f)
         as_created(Path(tmp))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, WriteError):
+            raise _failed(path, e) from e  # torch.save reports a full disk as a RuntimeError without the path
         raise
     return path
 
 
 def write_named(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` to create a file at a temporary path beside ``path`` (for writers that
-    take a file name rather than a file object), then rename it onto ``path``."""
-    path = Path(path)
+    take a file name rather than a file object), then rename it onto ``path`` (:func:`destination`)."""
+    path = destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{_prefix(path)}{os.urandom(4).hex()}")
     try:
         write(tmp)
         as_created(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise _failed(path, e) from e
         raise
     return path
 
@@ -105,12 +138,18 @@ def build_dir(final: str | Path, build: Callable[[Path], None], replace: bool = 
 
     ``replace=True``: an existing ``final`` is swapped out and deleted once the new one is in
     place (an export written again). ``replace=False``: an existing ``final`` wins and the new
-    build is discarded (a cache entry built at the same time by another process)."""
-    final = Path(final)
+    build is discarded (a cache entry built at the same time by another process). A link at
+    ``final`` is followed (:func:`destination`)."""
+    final = destination(final)
     remove_stale(final)
     tmp = temporary_dir(final)
     try:
-        build(tmp)
+        try:
+            build(tmp)
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, WriteError) or (isinstance(e, RuntimeError) and not _disk_error(e)):
+                raise
+            raise _failed(final, e) from e
         for p in tmp.rglob("*"):
             if not p.is_symlink():
                 as_created(p)
@@ -130,6 +169,12 @@ def build_dir(final: str | Path, build: Callable[[Path], None], replace: bool = 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _disk_error(e: RuntimeError) -> bool:
+    """A RuntimeError from a writer (torch, safetensors) that reports a failed file write."""
+    text = str(e).lower()
+    return any(w in text for w in ("write", "space", "unexpected pos", "errno", "quota"))
 
 
 def remove_stale(final: str | Path) -> list[Path]:
@@ -164,5 +209,5 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["as_created", "build_dir", "remove_stale", "temporary_dir", "umask", "write_bytes", "write_json",
+__all__ = ["WriteError", "as_created", "build_dir", "destination", "remove_stale", "temporary_dir", "umask", "write_bytes", "write_json",
            "write_named", "write_text", "write_with"]

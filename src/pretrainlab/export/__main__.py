@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pretrainlab.export.hf import export_hf
 from pretrainlab.export.native import ExportError, export_native
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {args.source} -> {out}")
+    shown = f"{args.out} (a link to {out})" if Path(args.out).is_symlink() else str(out)
+    print(f"exported {args.source} -> {shown}")
     return 0
 
 
