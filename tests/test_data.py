@@ -107,6 +107,23 @@ def test_jsonl_and_parquet_with_a_text_column(tmp_path):
         TextFiles(files=[str(tmp_path / "d.parquet")]).documents(tmp_path / "c3")
 
 
+def test_a_malformed_json_lines_corpus_names_its_file_and_line(tmp_path):
+    from pretrainlab.data.corpus import CorpusError
+
+    good = "\n".join(json.dumps({"text": f"Document {i}. It goes on."}) for i in range(20))
+    (tmp_path / "a.jsonl").write_text(good + "\n")
+    lines = [json.dumps({"text": f"Other {i}."}) for i in range(12)]
+    lines[8] = '{"text": "cut off in the midd'
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorpusError, match=r"b.jsonl, line 9: not a complete JSON object .*'text' field: repair or "
+                                          r"remove that line"):
+        TextFiles(files=[str(tmp_path)]).documents(tmp_path / "cache")
+    lines[8] = json.dumps(["a", "list"])
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorpusError, match=r"b.jsonl, line 9: a JSON list, not an object"):
+        TextFiles(files=[str(tmp_path)]).documents(tmp_path / "cache2")
+
+
 def test_missing_and_empty_files_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         TextFiles(files=[str(tmp_path / "nope.txt")]).resolve()

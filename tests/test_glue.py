@@ -180,13 +180,34 @@ def test_an_evaluation_file_is_read_completely_or_not_at_all(suite_dir, tmp_path
     for i in range(1, len(lines), 3):  # a third of the rows lose their label column
         lines[i] = "\t".join(lines[i].split("\t")[:3])
     dev.write_text("\n".join(lines) + "\n")
-    with pytest.raises(GlueDataError, match=f"{dev}, line 2: 3 column\\(s\\), RTE needs at least 4"):
+    with pytest.raises(GlueDataError, match=f"{dev}, line 2: 3 column\\(s\\), RTE has 4"):
         read_local(get_task("rte"), copy)
     train = copy / "RTE" / "train.tsv"  # a training file keeps its parseable rows, with a warning
     rows = train.read_text().splitlines()
     train.write_text("\n".join(rows[:3] + ["7\tbroken"] + rows[3:]) + "\n")
     assert len(read_tsv(get_task("rte"), train)) == len(rows) - 1
-    assert "skipped 1 line(s) with too few columns (lines 4)" in caplog.text
+    assert "skipped 1 line(s) without the file's 4 columns (lines 4)" in caplog.text
+
+
+def test_a_tab_inside_a_sentence_never_shifts_the_columns(tmp_path, caplog):
+    """An MRPC row with a tab inside a sentence has one column too many: reading it by position
+    would give every later column the wrong text (and the label of a header-less file the wrong field)."""
+    d = tmp_path / "MRPC"
+    d.mkdir()
+    header = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    good = ["1\t1\t2\tThe cat sat.\tA cat sat.", "0\t3\t4\tIt rained.\tThe sun shone."]
+    (d / "dev.tsv").write_text("\n".join([header, good[0], "1\t5\t6\tA tab\there.\tA tab here.", good[1]]) + "\n")
+    with pytest.raises(GlueDataError, match=r"dev.tsv, line 3: 6 column\(s\), MRPC has 5 \(a tab inside a sentence"):
+        read_tsv(get_task("mrpc"), d / "dev.tsv", complete=True)
+    (d / "train.tsv").write_text("\n".join([header, good[0], "1\t5\t6\tA tab\there.\tA tab here.", good[1]]) + "\n")
+    split = read_tsv(get_task("mrpc"), d / "train.tsv")
+    assert split.text_a == ["The cat sat.", "It rained."] and split.text_b == ["A cat sat.", "The sun shone."]
+    assert "skipped 1 line(s) without the file's 5 columns (lines 3)" in caplog.text
+    cola = tmp_path / "CoLA"  # no header: four columns
+    cola.mkdir()
+    (cola / "dev.tsv").write_text("gj04\t1\t\tThe dog barked.\ngj04\t0\t*\tDog the\tbarked.\n")
+    with pytest.raises(GlueDataError, match="line 2: 5 column"):
+        read_tsv(get_task("cola"), cola / "dev.tsv", complete=True)
 
 
 def _result(label, model, pretrain_seed, encoder, task, seed, value, examples=277):

@@ -132,6 +132,33 @@ def _first_invalid_utf8(files: list[Path]) -> str:
     return "a data file is not valid UTF-8; set data.encoding_errors=replace to read undecodable bytes as U+FFFD."
 
 
+def _first_invalid_json(files: list[Path], text_column: str) -> str | None:
+    """A message naming the first .jsonl/.json file that the JSON loader cannot read, the line and
+    what is wrong; None when every file reads (the failure lay elsewhere)."""
+    import json
+
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if f.suffix.lower() == ".json" and text.lstrip()[:1] in ("[", "{") and "\n" not in text.strip():
+            try:
+                json.loads(text)
+                continue
+            except ValueError as e:
+                return f"{f} is not valid JSON ({e}). Repair it, or remove it from data.files."
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                return (f"{f}, line {n}: not a complete JSON object ({e}): {line[:80]!r}. Each line of a JSON lines "
+                        f"file must be one JSON object with a {text_column!r} field: repair or remove that line.")
+            if not isinstance(row, dict):
+                return (f"{f}, line {n}: a JSON {type(row).__name__}, not an object with a {text_column!r} field. "
+                        f"Repair or remove that line.")
+    return None
+
+
 def _has_blank_line(path: Path, chunk: int = 1 << 20) -> bool:
     blank = re.compile(rb"\n[ \t\r]*\n")
     tail = b""
@@ -277,9 +304,12 @@ class TextFiles(Corpus):
                 loader, data_files=[str(f) for f in files], split="train",
                 cache_dir=str(cache_dir / "hf-datasets"), **kwargs,
             )
-        except Exception as e:  # noqa: BLE001 - re-raised naming the file when it is an encoding error
+        except Exception as e:  # noqa: BLE001 - re-raised naming the file and line when they can be found
             if loader != "parquet" and _caused_by(e, UnicodeDecodeError):
                 raise CorpusError(_first_invalid_utf8(files)) from None
+            problem = _first_invalid_json(files, self.text_column) if loader == "json" else None
+            if problem:
+                raise CorpusError(problem) from None
             raise
         cache_dir.mkdir(parents=True, exist_ok=True)
         out = _sentences_dataset(ds, column, self.strip_gutenberg, self.num_proc or os.cpu_count(),

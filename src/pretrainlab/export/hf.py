@@ -29,6 +29,7 @@ from pretrainlab import atomic
 from pretrainlab.data.tokenizer import load_tokenizer
 from pretrainlab.export.native import check_output_dir, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.runtime.checkpoints import load_tensors
 from pretrainlab.runtime.checkpoints import read as read_checkpoint
 from pretrainlab.tokens import ROLES, SPECIALS, SpecialTokens, special_tokens, with_template
 
@@ -264,6 +265,15 @@ def model_name(d: Path) -> str:
     return str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or d.name
 
 
+def _convert_advice(d: Path) -> str:
+    """How to turn a pickled checkpoint whose source one trusts into safetensors, which holds tensors only."""
+    src, dst = d / "pytorch_model.bin", d / "model.safetensors"
+    return ("If you trust its source, convert it once to safetensors (tensors only, loaded without running code), "
+            f"and pretrained=hf:{d} reads that instead:\n  python -c \"import torch; from safetensors.torch import "
+            f"save_file; s = torch.load('{src}', weights_only=False); save_file({{k: v.clone().contiguous() for k, v "
+            f"in s.items() if isinstance(v, torch.Tensor)}}, '{dst}', metadata={{'format': 'pt'}})\"")
+
+
 def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens, dict]:
     """(encoder, tokenizer, special tokens, provenance) from a transformers checkpoint directory."""
     d = Path(os.path.expanduser(str(path)))
@@ -274,7 +284,8 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     if (d / "model.safetensors").is_file():
         hf = load_file(str(d / "model.safetensors"))
     elif (d / "pytorch_model.bin").is_file():
-        hf = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        hf = load_tensors(d / "pytorch_model.bin", unsafe_advice=_convert_advice(d),
+                          corrupt_advice="Download the checkpoint again.")
     else:
         raise FileNotFoundError(f"hf:{path}: no model.safetensors or pytorch_model.bin.")
     if arch == "albert" and cfg.embedding_size == cfg.hidden_size:

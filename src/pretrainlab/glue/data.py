@@ -56,9 +56,10 @@ def _label_value(spec: TaskSpec, raw: str, where: str) -> float | int:
 def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSplit:
     """One GLUE TSV file, as ``download_glue_data.py`` writes it (no quoting: quotes are text).
 
-    A line with too few columns is skipped with a warning in a training file (QQP's has a few),
-    and fails the read when ``complete`` (evaluation files: a score on part of a dev set would be
-    compared with scores on all of it)."""
+    Every line must have as many columns as the header (CoLA, which has none: four). A line with
+    too few or too many (a tab inside a sentence would shift every column after it) is skipped with
+    a warning in a training file (QQP's has a few), and fails the read when ``complete`` (evaluation
+    files: a score on part of a dev set would be compared with scores on all of it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -73,8 +74,10 @@ def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSp
     lines = [line.rstrip("\r") for line in lines]
     columns = [c for c in (spec.text_a, spec.text_b, spec.label) if c is not None]
     start = 0
+    width = max(i for i, _ in columns if i >= 0) + 1  # the columns a line must have
     if spec.header:
         header = lines[0].split("\t") if lines else []
+        width = len(header)
         for index, name in columns:
             if name is not None and (len(header) <= abs(index) or header[index].strip() != name):
                 raise GlueDataError(
@@ -82,14 +85,15 @@ def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSp
                     f"{header!r}. Is this the {spec.directory} file of a GLUE directory?"
                 )
         start = 1
-    need = max(i for i, _ in columns if i >= 0) + 1
     text_a, text_b, labels, skipped = [], [], [], []
     for n, line in enumerate(lines[start:], start=start + 1):
         fields = line.split("\t")
-        if len(fields) < need:
+        if len(fields) != width:
             if complete:
+                extra = (" (a tab inside a sentence? every column after it would be shifted)"
+                         if len(fields) > width else "")
                 raise GlueDataError(
-                    f"{path}, line {n}: {len(fields)} column(s), {spec.directory} needs at least {need}. An "
+                    f"{path}, line {n}: {len(fields)} column(s), {spec.directory} has {width}{extra}. An "
                     f"evaluation file is read completely or not at all; repair the file (or fetch it again)."
                 )
             skipped.append(n)  # QQP's train file has a few broken lines
@@ -99,7 +103,7 @@ def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSp
             text_b.append(fields[spec.text_b[0]])
         labels.append(_label_value(spec, fields[spec.label[0]], f"{path}, line {n}"))
     if skipped:
-        log.warning("%s: skipped %d line(s) with too few columns (lines %s)", path, len(skipped),
+        log.warning("%s: skipped %d line(s) without the file's %d columns (lines %s)", path, len(skipped), width,
                     ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else ""))
     if not text_a:
         raise GlueDataError(f"{path} has no examples.")
@@ -145,25 +149,45 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
     return out
 
 
-def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
-              synthetic: dict | None = None) -> dict[str, GlueSplit]:
-    """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
-    else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
-    back as a local directory)."""
+def _local_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
+    """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into
+    ``cache_dir`` first); None for the hub."""
     if source == "auto":
         source = "local" if data_dir else "hub"
     if source == "local":
         if not data_dir:
             raise ValueError("glue.source=local needs glue.data_dir=<GLUE directory>.")
-        return read_local(spec, data_dir)
+        return Path(os.path.expanduser(str(data_dir)))
     if source == "hub":
-        return read_hub(spec)
+        return None
     if source == "synthetic":
         from pretrainlab.glue.synthetic import SyntheticGlue
 
-        root = SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab")
-        return read_local(spec, root)
+        return SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab")
     raise ValueError(f"glue.source={source!r}: expected auto, hub, local or synthetic.")
+
+
+def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
+              synthetic: dict | None = None) -> dict[str, GlueSplit]:
+    """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
+    else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
+    back as a local directory)."""
+    root = _local_root(source, data_dir, cache_dir, synthetic)
+    return read_hub(spec) if root is None else read_local(spec, root)
+
+
+def data_digests(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
+                 synthetic: dict | None = None) -> dict[str, str] | None:
+    """The sha256 of every file ``spec`` is read from (``{"RTE/train.tsv": ..., "RTE/dev.tsv": ...}``),
+    the identity of the data a result is computed on; None for the hub, whose datasets are versioned."""
+    from pretrainlab.data.hashing import file_digest
+
+    root = _local_root(source, data_dir, cache_dir, synthetic)
+    if root is None:
+        return None
+    names = ["train.tsv", *(filename for filename, _ in spec.eval_splits.values())]
+    return {f"{spec.directory}/{n}": file_digest(root / spec.directory / n) for n in names
+            if (root / spec.directory / n).is_file()}
 
 
 # --- encoding ---------------------------------------------------------------------------------------

@@ -34,33 +34,43 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that belongs to another kind of run."""
 
 
+def load_tensors(path: str | Path, mmap: bool = False, unsafe_advice: str = "", corrupt_advice: str = "",
+                 what: str = "file") -> Any:
+    """``torch.load`` of ``path`` as tensors and plain data only, on the CPU, with errors that name
+    the file and say what to do: ``unsafe_advice`` when it holds other Python objects (never
+    unpickled: that could run arbitrary code), ``corrupt_advice`` when it is empty or damaged."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file.")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): an interrupted copy or a full disk? {corrupt_advice}")
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if not zipped:
+        raise CheckpointError(f"{path} is not a PyTorch {what} (torch.save writes a zip archive; this file is not "
+                              f"one). Check the path.")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise CheckpointError(f"{path} is corrupt ({_first_line(e)}). {corrupt_advice}") from None
+        raise CheckpointError(
+            f"{path} holds Python objects other than tensors and plain data ({_unsupported(e)}). It is not loaded: "
+            f"unpickling them could run arbitrary code. {unsafe_advice}"
+        ) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}). {corrupt_advice}") from None
+
+
 def read(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """The checkpoint at ``path``, loaded as tensors and plain data only, on the CPU. ``mmap``:
     map the tensors instead of reading them (cheap, to look at the metadata of a large file)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file.")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes): an interrupted copy or a full disk? Resume from "
-                              f"another checkpoint, or start the run afresh.")
-    with open(path, "rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"
-    if not zipped:
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive; this file is "
-                              f"not one). Check the path.")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        if "weights only" not in str(e).lower():
-            raise CheckpointError(f"{path} is corrupt ({_first_line(e)}).") from None
-        raise CheckpointError(
-            f"{path} holds Python objects other than tensors and plain data ({_unsupported(e)}). It is not "
-            f"loaded: unpickling them could run arbitrary code. pretrainlab checkpoints never need that; use a "
-            f"checkpoint written by pretrainlab."
-        ) from None
-    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}). Resume from another "
-                              f"checkpoint, or start the run afresh.") from None
+    checkpoint = load_tensors(
+        path, mmap, unsafe_advice="pretrainlab checkpoints never need that; use a checkpoint written by pretrainlab.",
+        corrupt_advice="Resume from another checkpoint, or start the run afresh.", what="checkpoint")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is a PyTorch file but not a training checkpoint (it has no state_dict).")
     return checkpoint
@@ -72,9 +82,15 @@ def _first_line(e: BaseException) -> str:
 
 
 def _unsupported(e: BaseException) -> str:
+    """The Python object a weights-only load refused, without torch's advice to allow it."""
+    import re
+
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+    if m:
+        return f"it needs {m.group(1)}"
     for line in str(e).splitlines():
-        if "Unsupported global" in line or "GLOBAL" in line:
-            return line.strip()[:200]
+        if "GLOBAL" in line:
+            return line.strip()[:120]
     return _first_line(e)
 
 
@@ -121,4 +137,4 @@ class CheckpointIO(TorchCheckpointIO):
         return read(path)
 
 
-__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "read", "run_info", "save"]
+__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "load_tensors", "read", "run_info", "save"]
