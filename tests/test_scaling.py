@@ -223,6 +223,75 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
         assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
 
 
+def test_a_run_stopped_before_its_first_periodic_checkpoint_ends_with_its_final_state_in_last_ckpt(tmp_path,
+                                                                                                monkeypatch):
+    """The signal's last.ckpt is replaced at the end of the resumed run, not left beside a
+    last-v1.ckpt for a later ckpt_path=last to go back to."""
+    from pretrainlab.pretraining.module import PretrainModule
+
+    overrides = [*RESUME, "max_steps=8", "checkpoint_every=8"]
+    original = PretrainModule.training_step
+
+    def signal_at_3(self, batch, batch_idx):
+        if self.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(PretrainModule, "training_step", signal_at_3)
+    with pytest.raises(SystemExit):
+        run(compose_train(*overrides), tmp_path)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    run(compose_train(*overrides, "ckpt_path=last"), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt", "step=8.ckpt"]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
+def test_when_only_a_periodic_checkpoint_is_left_every_advice_names_it(tmp_path):
+    """last.ckpt lost (deleted, or a copy without it): the refusal and ckpt_path=last point at the
+    checkpoint that exists, and their advice works as printed; ckpt_path=auto resumes from it."""
+    import re
+    import shlex
+
+    from pretrainlab.runtime.rundir import RunDirError
+
+    overrides = [*RESUME, "max_steps=6", "checkpoint_every=4"]
+    run(compose_train(*overrides), tmp_path / "run")
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(RunDirError, match="there is no last.ckpt") as refused:
+        run(compose_train(*overrides), tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match="the newest checkpoint of this run is .*step=4.ckpt") as missing:
+        run(compose_train(*overrides, "ckpt_path=last"), tmp_path / "run")
+    for advice in (str(refused.value), str(missing.value)):
+        (override,) = shlex.split(re.search(r"'ckpt_path=\"[^\"]*\"'", advice).group(0))  # as a shell reads it
+        assert compose_train(*overrides, override).ckpt_path == str(tmp_path / "run" / "checkpoints" / "step=4.ckpt")
+    # auto takes it (a fresh start there would be refused: the directory holds a run)
+    run(compose_train(*overrides, "max_steps=8", "ckpt_path=auto"), tmp_path / "run")
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
+def test_extending_a_budget_relabels_the_snapshots_of_the_old_one(tmp_path, caplog):
+    """Step 2 of an 8-step run is 0.25 of it; after the run is extended to 16 steps it is 0.125: the
+    snapshot is renamed and says so, and a fraction already passed when the run resumed is not
+    taken late under its label."""
+    import json
+
+    overrides = [*RESUME, "checkpoint_every=8", "snapshots=[0.25,0.5]"]
+    run(compose_train(*overrides, "max_steps=8"), tmp_path)
+    with caplog.at_level("WARNING", logger="pretrainlab"):
+        run(compose_train(*overrides, "max_steps=16", "snapshots=[0.25,0.375,0.5]", "ckpt_path=last"), tmp_path)
+
+    def meta(name):
+        return json.loads((tmp_path / "snapshots" / name / "config.json").read_text())["pretraining"]
+
+    assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["0.125", "0.25", "0.5"]
+    assert meta("0.125")["global_step"] == 2 and meta("0.125")["relabelled_from"]["fraction"] == 0.25
+    assert meta("0.25")["global_step"] == 4 and meta("0.25")["relabelled_from"]["budget"]["total"] == 8
+    assert meta("0.5")["global_step"] == 9 and "relabelled_from" not in meta("0.5")
+    assert "no snapshot at 0.375 of the budget: the run resumed at 0.5" in caplog.text
+    assert "snapshot 0.25 of the old budget is at 0.125 of this one" in caplog.text
+
+
 # the real signals, to a 2-process DDP run (single-process SIGKILL is the in-process crash test above)
 DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 

@@ -12,6 +12,7 @@ import torch
 from pretrainlab.export import load_encoder
 from pretrainlab.model.encoder import ConfigError
 from pretrainlab.pretraining.run import run
+from pretrainlab.runtime.loggers import read_wandb_id
 from tests.conftest import ROOT, SMALL, compose_train, run_command
 
 
@@ -166,7 +167,7 @@ def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
-    run_id = (run_dir / ".wandb_id").read_text().strip()
+    run_id = read_wandb_id(run_dir)[0]
     log = next(offline[0].glob("run-*.wandb")).read_bytes()
     assert f"encoder-{run_id}".encode() in log  # the exported encoder, logged as a model artifact
     assert (run_dir / ".hydra" / "config.yaml").is_file()

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig
+from pretrainlab.runtime.loggers import read_wandb_id
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
 
@@ -94,9 +95,7 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
         tokens = special_tokens(tokenizer, names)
         pre = meta.get("pretraining", {})
         run_dir = pre.get("run_dir")
-        wandb_id = None
-        if run_dir and (Path(run_dir) / ".wandb_id").is_file():
-            wandb_id = (Path(run_dir) / ".wandb_id").read_text().strip()
+        wandb_id = read_wandb_id(Path(run_dir))[0] if run_dir else None
         wandb_group = ((pre.get("config") or {}).get("logger") or {}).get("group") or pre.get("objective")
         source = {"path": str(path.resolve()), "objective": pre.get("objective"), "run_dir": run_dir,
                   "global_step": pre.get("global_step"), "tokens_seen": pre.get("tokens_seen"),
@@ -106,6 +105,9 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
         torch.manual_seed(seed)
         encoder = Encoder(encoder.config)
         label = "scratch"
+    if encoder_identity(pretrained, init)["weights_sha256"] != identity["weights_sha256"]:
+        raise RuntimeError(f"the encoder at {pretrained} changed while it was being loaded (is it being pretrained or "
+                           f"exported again?): its results could not be matched to it. Run again once it is written.")
     source.update(identity, init=init)
     return Pretrained(encoder, tokenizer, tokens, label, source)
 

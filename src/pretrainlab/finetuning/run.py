@@ -27,14 +27,17 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.finetuning.encoders import load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule
-from pretrainlab.glue.data import EncodedDataset, EncodedSplit, LengthGroupedSampler, collate, encode, load_task
+from pretrainlab.glue.data import (
+    EncodedDataset, EncodedSplit, LengthGroupedSampler, collate, data_digests, encode, load_task,
+)
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
 from pretrainlab.model.encoder import ConfigError
 from pretrainlab.runtime.devices import check_precision, compile_options, world_size
-from pretrainlab.runtime.script import RunScript
+from pretrainlab.runtime.rundir import claim_results, release
+from pretrainlab.runtime.script import RunScript, rerun_command
 from pretrainlab.runtime.settings import check_finetuning
-from pretrainlab.runtime.signals import worker_init
+from pretrainlab.runtime.signals import SaveOnSignal, fit, signal_name, worker_init
 
 log = logging.getLogger("pretrainlab")
 
@@ -51,8 +54,9 @@ def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: 
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | Path | None = None,
-        choices: dict[str, str] | None = None) -> dict[str, Any]:
-    """Fine-tune ``cfg.pretrained`` on ``cfg.task``; write and return the results."""
+        choices: dict[str, str] | None = None, resume_hint: str | None = None) -> dict[str, Any]:
+    """Fine-tune ``cfg.pretrained`` on ``cfg.task``; write and return the results. ``resume_hint``:
+    the command to run after a signal stops it (a suite's or a study's; by default this process's)."""
     script = RunScript.of(cfg, run_dir, choices)
     run_dir = script.dir
     results_path = Path(results_path) if results_path else run_dir / "results.json"
@@ -65,6 +69,15 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
     if cfg.task.batch_size % world:
         raise ConfigError(f"task.batch_size={cfg.task.batch_size} is not divisible by the {world} devices.")
     optim = instantiate(cfg.optim)
+    claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
+    try:
+        return _run(cfg, script, spec, optim, results_path, resume_hint or rerun_command())
+    finally:
+        release(run_dir)
+
+
+def _run(cfg: DictConfig, script: RunScript, spec, optim, results_path: Path, resume_hint: str) -> dict[str, Any]:
+    run_dir = script.dir
     script.start()
     model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
     max_pos = model.encoder.config.max_position_embeddings
@@ -74,8 +87,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
 
     t0 = time.time()
     glue = cfg.glue
-    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir,
-                       OmegaConf.to_container(glue.synthetic, resolve=True) if glue.get("synthetic") else None)
+    synthetic = OmegaConf.to_container(glue.synthetic, resolve=True) if glue.get("synthetic") else None
+    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
+    digests = data_digests(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
     train_split = splits["train"].head(glue.get("max_train_examples"))
     eval_names = list(spec.eval_splits)
     encoded_train = encode(train_split, model.tokenizer, model.tokens, cfg.task.max_seq_len)
@@ -85,7 +99,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
              len(encoded_train), "/".join(str(len(e)) for e in encoded_eval), encoded_train.truncated,
              cfg.task.max_seq_len, time.time() - t0)
 
-    per_device = cfg.task.batch_size // world
+    per_device = cfg.task.batch_size // world_size(cfg)
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
     compile_ = compile_options(cfg)
@@ -109,18 +123,31 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
         extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label}
         | {f"eval_examples.{s}": len(e) for s, e in zip(eval_names, encoded_eval)},
     )
+    stopper = SaveOnSignal(None)
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_epochs=cfg.task.epochs, default_root_dir=str(run_dir), logger=logger,
-        callbacks=script.callbacks(),
+        callbacks=[stopper, *script.callbacks()],
         limit_val_batches=1.0, num_sanity_val_steps=0, check_val_every_n_epoch=1, enable_checkpointing=False,
         gradient_clip_val=optim.grad_clip, log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10),
                                                                  steps_per_epoch),
     )
     try:
-        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=eval_loaders)
+        fit(trainer, stopper, module, train_dataloaders=train_loader, val_dataloaders=eval_loaders)
+        if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
+            script.exit_code = stopper.exit_code
+            log.warning("%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
+                        "with:\n  %s", signal_name(stopper.signum), spec.name, cfg.seed, trainer.global_step,
+                        total_steps, resume_hint)
+            raise SystemExit(script.exit_code)
         if not module.history:
             raise RuntimeError("fine-tuning finished without an evaluation; is task.epochs at least 1?")
         final = module.history[-1]["metrics"]
+        diverged = {k: v for k, v in final.items() if not math.isfinite(v)}
+        if diverged:
+            raise FloatingPointError(
+                f"{spec.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
+                f"): fine-tuning diverged. No results were written; lower task.lr (it is {cfg.task.lr}) or check the "
+                f"encoder.")
         result = {
             "task": spec.name, "seed": cfg.seed, "label": model.label, "metrics": final,
             "score": task_score(final), "reported_epoch": "last", "history": module.history,
@@ -129,6 +156,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
             "no_skill": {f"{m}{suffix}": v for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
                          for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels,
                                               spec.is_regression).items()},
+            "data": {"source": glue.source, "files": digests},
             "steps": trainer.global_step, "runtime_s": round(time.time() - t0, 2),
             "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir),
         }
@@ -141,6 +169,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | 
         script.exit_code = 0
     finally:
         script.finish()
+    if stopper.signum is not None:  # the signal came during the last evaluation: the results are complete
+        log.warning("%s: fine-tuning of %s (seed %d) had finished; its results are written. Stopping.",
+                    signal_name(stopper.signum), spec.name, cfg.seed)
+        raise SystemExit(stopper.exit_code)
     return result
 
 

@@ -92,6 +92,11 @@ class PretrainModule(L.LightningModule):
         """Training tokens so far (all ranks)."""
         return self._tokens
 
+    @property
+    def seconds(self) -> float:
+        """Seconds spent in training steps so far (what a ``minutes`` budget counts)."""
+        return self._seconds
+
     def add_train_seconds(self, seconds: float) -> None:
         self._seconds += seconds
         self.train_seconds.fill_(self._seconds)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.data.datamodule import PretrainDataModule
@@ -29,6 +27,7 @@ from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget
 from pretrainlab.pretraining.module import PretrainModule
 from pretrainlab.pretraining.snapshots import EncoderSnapshots, check_fractions
+from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
 from pretrainlab.pretraining.timing import StepTimer
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
@@ -36,10 +35,10 @@ from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.devices import (
     batch_split, check_precision, compile_options, refuse_multirun_ddp, static_shapes, world_size,
 )
-from pretrainlab.runtime.rundir import checkpoint_to_resume, claim
+from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_pretraining
-from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint
+from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint, fit, signal_name
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
 log = logging.getLogger("pretrainlab")
@@ -124,16 +123,27 @@ def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_toke
         raise ConfigError(str(e)) from None
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
+        resume_hint: str | None = None) -> dict[str, Any]:
     """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written.
 
     ``choices`` (config group -> option, logged as ``choice.<group>``) default to Hydra's runtime
-    choices when running under ``train.py``."""
+    choices when running under ``train.py``. ``resume_hint``: the command that resumes this run
+    after a signal stops it (a study's own command); by default the ``train.py`` command."""
     script = RunScript.of(cfg, run_dir, choices)
     run_dir = script.dir
     provisional = validate(cfg)
     resume_from = checkpoint_to_resume(cfg.ckpt_path, run_dir)
     claim(run_dir, resume_from, overwrite=bool(cfg.get("overwrite", False)))
+    try:
+        return _run(cfg, script, provisional, resume_from, resume_hint or resume_command(run_dir))
+    finally:
+        release(run_dir)
+
+
+def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_from: Path | None,
+         resume_hint: str) -> dict[str, Any]:
+    run_dir = script.dir
     objective_cfg = OmegaConf.to_container(cfg.objective, resolve=True)
     if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
         check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
@@ -162,6 +172,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
                  datamodule.train_store.num_tokens, len(datamodule.val_store))
 
     budget = build_budget(cfg, datamodule, objective.flops_per_token(encoder_config, cfg.max_seq_len))
+    if resume_from is not None and not is_secondary_rank():
+        relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
     if budget.kind != "steps":
         log.info("budget: %s %s (about %s per step); max_steps is not used", f"{budget.total:.4g}", budget.kind,
                  f"{budget.expected_per_step or float('nan'):.4g}")
@@ -175,13 +187,16 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
     logger = script.build_logger(resume=resume_from is not None)
     checkpoint = StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
                                  every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
-                                 save_last=True, save_on_train_epoch_end=False)
+                                 save_last=True, save_on_train_epoch_end=False, enable_version_counter=False)
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
+
+    data_id = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
 
     def provenance(fraction: float) -> dict:
         return {"objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": module.global_step,
                 "fraction": fraction, "tokens_seen": module.tokens, "flops": module.tokens * module.flops_per_token,
-                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True)}
+                "seconds": module.seconds, "budget": {"kind": budget.kind, "total": budget.total},
+                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True), "data": data_id}
 
     def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
         export_encoder(pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction))
@@ -197,20 +212,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         accumulate_grad_batches=accumulate,
     )
     try:
-        try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=None if resume_from is None else str(resume_from),
-                        weights_only=True)
-        except SIGTERMException:  # a signal before training started, while Lightning's handler was in place
-            stopper.signum = signal.SIGTERM
-        except SystemExit:  # Lightning's answer to a KeyboardInterrupt it caught (recorded by the stopper)
-            if stopper.signum is None:
-                raise
+        fit(trainer, stopper, module, datamodule=datamodule,
+            ckpt_path=None if resume_from is None else str(resume_from), weights_only=True)
         if stopper.signum is not None:
             script.exit_code = stopper.exit_code
             saved = (f"checkpoint saved at step {trainer.global_step} to {stopper.path}" if stopper.stopped else
                      "stopped without saving; the last checkpoint written is the one to resume from")
-            log.warning("%s: %s. Resume with:\n  %s", signal.Signals(stopper.signum).name, saved,
-                        resume_command(run_dir))
+            log.warning("%s: %s. Resume with:\n  %s", signal_name(stopper.signum), saved, resume_hint)
             raise SystemExit(script.exit_code) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
             save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")  # the final state

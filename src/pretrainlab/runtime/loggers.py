@@ -8,6 +8,7 @@ a flat dict of dotted keys plus ``choice.<group>`` entries, so keys locked by a 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger("pretrainlab")
 
 class WandbLogger(pl_loggers.WandbLogger):
     """Lightning's W&B logger, less the ``anonymous`` argument it always passes to ``wandb.init``:
@@ -62,12 +64,16 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: 
         kwargs["name"] = lcfg.get("name") or name or run_name(cfg, choices)
         kwargs["group"] = lcfg.get("group") or group or cfg.objective.name
         kwargs["job_type"] = job_type
-        # a resumed run continues the same W&B run
-        id_file = run_dir / ".wandb_id"
-        if lcfg.get("id") is None and resume:
-            if id_file.is_file():
-                kwargs["id"] = id_file.read_text().strip()
+        # a resumed run continues the same W&B run: the one started in this directory (a copy of a run
+        # directory starts its own, or the copy's logs would be merged into the original's W&B run)
+        wandb_id, written_in = read_wandb_id(run_dir)
+        if lcfg.get("id") is None and resume and wandb_id:
+            if written_in is None or written_in == str(run_dir.resolve()):
+                kwargs["id"] = wandb_id
                 kwargs["resume"] = "allow"
+            else:
+                log.info("%s continues a run copied from %s: a new W&B run is started (continuing its W&B run %s "
+                         "would merge the two)", run_dir, written_in, wandb_id)
     logger = instantiate(lcfg, **kwargs)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"choice.{k}": v for k, v in choices.items()})
@@ -80,7 +86,18 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: 
 
 @rank_zero_only
 def _remember_id(logger: pl_loggers.WandbLogger, path: Path) -> None:
-    path.write_text(logger.experiment.id)
+    """``.wandb_id``: the W&B run's id, and on a second line the run directory it was started in."""
+    path.write_text(f"{logger.experiment.id}\n{path.parent.resolve()}\n")
+
+
+def read_wandb_id(run_dir: Path) -> tuple[str | None, str | None]:
+    """(W&B run id, the directory it was started in) from ``<run_dir>/.wandb_id``; the directory is
+    None in files written before it was recorded; (None, None) without the file."""
+    path = Path(run_dir) / ".wandb_id"
+    if not path.is_file():
+        return None, None
+    lines = path.read_text().splitlines()
+    return (lines[0].strip() or None) if lines else None, (lines[1].strip() or None) if len(lines) > 1 else None
 
 
 STOPPED = {130: "interrupted", 143: "preempted"}  # exit codes of SIGINT and SIGTERM

@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,12 @@ from pretrainlab.runtime.console import quiet_third_parties
 from pretrainlab.runtime.devices import set_matmul_precision
 from pretrainlab.runtime.loggers import build_logger, finish_logger
 from pretrainlab.runtime.malloc import keep_freed_memory
+
+
+def rerun_command() -> str:
+    """This process's command line, quoted for the shell: the command that runs it again (a study
+    or a GLUE suite continues where it stopped when run again)."""
+    return " ".join(["python", *map(shlex.quote, sys.argv)])
 
 
 @dataclass
@@ -97,4 +105,4 @@ class RunScript:
         self._file_handler = handler
 
 
-__all__ = ["RunScript"]
+__all__ = ["RunScript", "rerun_command"]

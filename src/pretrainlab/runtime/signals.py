@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
 
@@ -46,7 +48,11 @@ def worker_init(worker_id: int) -> None:
 
 class StepCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` without its end-of-training ``last.ckpt``: the run writes the final state
-    itself, and skips it when a signal stopped the run, whose checkpoint is the one to resume from."""
+    itself, and skips it when a signal stopped the run, whose checkpoint is the one to resume from.
+
+    Create it with ``enable_version_counter=False``: a ``last.ckpt`` that this callback did not
+    write itself (the one :class:`SaveOnSignal` wrote before the first periodic checkpoint) must be
+    replaced, not left behind beside a ``last-v1.ckpt`` for ``ckpt_path=last`` to resume from."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pass
@@ -54,7 +60,8 @@ class StepCheckpoint(ModelCheckpoint):
 
 class SaveOnSignal(Callback):
     """On SIGTERM or a first SIGINT: finish the optimizer step in progress, save ``last.ckpt``
-    (atomically) and stop training; ``stopped`` is then true and ``signum`` says which signal.
+    (atomically; nothing when ``path`` is None, as in fine-tuning, which has no checkpoints) and stop
+    training; ``stopped`` is then true and ``signum`` says which signal.
 
     During training this replaces Lightning's SIGTERM handler (and Python's SIGINT handler) by one
     that only records the signal; the decision is taken at the end of each optimizer step (under DDP
@@ -70,7 +77,7 @@ class SaveOnSignal(Callback):
     A KeyboardInterrupt that reaches Lightning (a second Ctrl-C, or one outside training) is
     recorded too: ``signum`` is SIGINT and ``stopped`` false (nothing was saved)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | None):
         self.path = path
         self.signum: int | None = None
         self._step_at_start = -1
@@ -129,8 +136,47 @@ class SaveOnSignal(Callback):
         if stop:
             if self.signum is None:  # another rank was signalled
                 self.signum = signal.SIGTERM
-            save_checkpoint(trainer, self.path)
+            if self.path is not None:
+                save_checkpoint(trainer, self.path)
             self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
 
-__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "worker_init"]
+def fit(trainer: L.Trainer, stopper: SaveOnSignal, *args: Any, **kwargs: Any) -> None:
+    """``trainer.fit(*args, **kwargs)``; a stop by a signal is left in ``stopper.signum`` rather than
+    raised. (Lightning raises its ``SIGTERMException``, a ``SystemExit`` with status 0, for a SIGTERM
+    that arrives while its own handler is in place, before training starts; and ``SystemExit(1)``
+    after a KeyboardInterrupt it caught, which the stopper records.)"""
+    try:
+        trainer.fit(*args, **kwargs)
+    except SIGTERMException:
+        stopper.signum = signal.SIGTERM
+    except SystemExit:
+        if stopper.signum is None:
+            raise
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@contextmanager
+def exit_on_signal(what: str, hint: str):
+    """While ``what`` (a study, a GLUE suite) runs, a SIGTERM outside the training steps (which
+    stop at the end of a step on their own, see :class:`SaveOnSignal`) ends it at once with status
+    143 and the command that continues it. Outside the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        log.warning("%s: %s stopped. Continue it with:\n  %s", signal_name(signum), what, hint)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "exit_on_signal", "fit", "signal_name", "worker_init"]
