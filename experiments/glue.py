@@ -20,10 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="glue")
 def main(cfg: DictConfig) -> None:
+    from pretrainlab.runtime.script import rerun_command
+    from pretrainlab.runtime.signals import exit_on_signal
     from pretrainlab.studies.suite import run_suite
 
-    run_suite(cfg, list(cfg.tasks), [int(s) for s in cfg.seeds], cfg.output_dir,
-              OmegaConf.to_container(cfg.task_overrides, resolve=True))
+    with exit_on_signal("the GLUE suite", rerun_command()):
+        run_suite(cfg, list(cfg.tasks), [int(s) for s in cfg.seeds], cfg.output_dir,
+                  OmegaConf.to_container(cfg.task_overrides, resolve=True))
 
 
 if __name__ == "__main__":

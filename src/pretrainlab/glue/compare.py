@@ -21,13 +21,18 @@ import io
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from pretrainlab import atomic
 from pretrainlab.glue import stats
+from pretrainlab.glue.results import (
+    LEGACY, ResultError, check_encoder, is_result, is_results_file, read_result, settings_of,
+)
 from pretrainlab.glue.tasks import TASKS, display_name, task_score
+from pretrainlab.runtime.provenance import describe, differences
 
 log = logging.getLogger("pretrainlab")
 
@@ -37,10 +42,6 @@ ORDER = list(TASKS)
 
 class CompareError(ValueError):
     """Results that cannot be put side by side without misreporting one of them."""
-
-
-def is_result(d: object) -> bool:
-    return isinstance(d, dict) and "task" in d and "metrics" in d and "label" in d and "seed" in d
 
 
 def encoder_of(r: dict) -> dict:
@@ -54,13 +55,20 @@ def encoder_of(r: dict) -> dict:
             "pretrain_seed": p.get("pretrain_seed"), "source": p.get("run_dir") or p.get("path") or "?"}
 
 
-def collect(sources: list[str], labels: dict[str, str] | None = None) -> list[dict]:
+def collect(sources: list[str], labels: dict[str, str] | None = None,
+            keep: Callable[[dict], bool] | None = None) -> list[dict]:
     """Results from directories (searched recursively for results JSON files) and W&B projects.
-    ``labels`` (source -> name) relabels the results found under a source.
+    ``labels`` (source -> name) relabels the results found under a source; ``keep`` chooses the
+    results to compare (a study's tasks and seeds), before they are checked against each other.
 
-    The same result reached twice (a run directory and its ``glue/``) counts once; two different
-    fine-tuning runs of one encoder, task and seed are refused, since one would hide the other."""
+    Every results file is read whole and must hold finite metrics; a result whose encoder is still
+    where it was recorded must be of that encoder (not of one pretrained there before); results of
+    one task must have been fine-tuned with the same settings, on the same data files
+    (``pretrainlab.glue.results``). The same result reached twice (a run directory and its
+    ``glue/``) counts once; two different fine-tuning runs of one encoder, task and seed are
+    refused, since one would hide the other."""
     results: list[dict] = []
+    identities: dict = {}
     labels = {str(Path(k).expanduser().resolve()) if not k.startswith("wandb:") else k: v
               for k, v in (labels or {}).items()}
     for src in sources:
@@ -74,17 +82,15 @@ def collect(sources: list[str], labels: dict[str, str] | None = None) -> list[di
                 raise FileNotFoundError(f"{src}: no such results directory or file.")
             key = str(p.resolve())
             for f in [p] if p.is_file() else sorted(p.rglob("*.json")):
-                try:
-                    d = json.loads(f.read_text())
-                except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-                    continue
-                if is_result(d):
+                d = _read(f, strict=p.is_file() or is_results_file(f))
+                if d is not None and (keep is None or keep(d)):
                     d.setdefault("run_dir", str(f.parent))
+                    check_current_encoder(d, f, identities)
                     found.append(d)
         for d in found:
             if key in labels:
                 d["label_override"] = labels[key]
-        results += found
+        results += [d for d in found if keep is None or keep(d)]  # (W&B results are chosen here)
     unique: dict[tuple, dict] = {}
     for r in results:
         k = (encoder_of(r)["id"], encoder_of(r)["label"], r["task"], r["seed"])
@@ -96,7 +102,103 @@ def collect(sources: list[str], labels: dict[str, str] | None = None) -> list[di
         unique[k] = r
     if not unique:
         raise FileNotFoundError(f"no GLUE results found in {', '.join(map(str, sources))}.")
+    _check_same_settings(list(unique.values()))
     return list(unique.values())
+
+
+def _read(f: Path, strict: bool) -> dict | None:
+    """The result in ``f``; a results file (``seed<k>.json``, ``results.json``, or a file named on
+    the command line) that cannot be read whole, or holds non-finite metrics, is refused; any other
+    JSON file that is not a result is passed over."""
+    if strict:
+        try:
+            return read_result(f)
+        except ResultError as e:
+            raise CompareError(str(e)) from None
+    try:
+        d = json.loads(f.read_text())
+    except (ValueError, UnicodeDecodeError, OSError):
+        return None
+    if not is_result(d):
+        return None
+    try:
+        return read_result(f)
+    except ResultError as e:
+        raise CompareError(str(e)) from None
+
+
+def check_current_encoder(result: dict, path: Path, identities: dict) -> None:
+    """Refuse ``result`` (read from ``path``) when the directory of the encoder it records now holds
+    another encoder (pretrained again); bring its record of the encoder's place in its run's budget
+    (``fraction``, ``pretrain_flops``) up to date. A result whose encoder is gone is kept as recorded.
+    ``identities`` caches the encoders' identities during one collection."""
+    from pretrainlab.finetuning.encoders import encoder_identity
+
+    recorded = result.get("pretrained") or {}
+    if "encoder_id" not in recorded or str(recorded.get("objective") or "").startswith("hf:"):
+        return
+    encoder = _encoder_dir(recorded.get("path"), path)
+    if encoder is None:
+        return
+    init = recorded.get("init") or "pretrained"
+    key = (str(encoder), init)
+    if key not in identities:
+        identities[key] = encoder_identity(str(encoder), init)
+    identity = identities[key]
+    try:
+        check_encoder(result, identity, init, path)
+    except ResultError as e:
+        raise CompareError(f"{e} (A result is compared only while its encoder is the one there: these scores are not "
+                           f"those of {encoder}.)") from None
+    if recorded.get("fraction") is not None:
+        result["pretrained"] = {**recorded, "fraction": identity["fraction"], "pretrain_flops": identity["pretrain_flops"]}
+
+
+def _encoder_dir(recorded: str | None, results_file: Path) -> Path | None:
+    """The export directory of a result's encoder: for a suite's results
+    (``<run or export>/glue*/<task>/seed<k>.json``) the encoder beside them (a copied run directory
+    still records the original's path), else where it was recorded."""
+    from pretrainlab.export import resolve_export_dir
+
+    candidates = []
+    if len(results_file.parents) > 2 and results_file.parents[1].name.startswith("glue"):
+        candidates.append(results_file.parents[2])
+    if recorded:
+        candidates.append(Path(recorded))
+    for c in candidates:
+        try:
+            return resolve_export_dir(c).resolve()
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _check_same_settings(results: list[dict]) -> None:
+    """Results of one task must have been fine-tuned with the same settings and on the same data
+    files, or their scores measure two experiments."""
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        by_task[r["task"]].append(r)
+    for task, rs in by_task.items():
+        recorded = [r for r in rs if r.get("config")]
+        for r in recorded[1:]:
+            a, b = settings_of(recorded[0]), settings_of(r)
+            changed = differences(a, b, legacy=LEGACY) or [(k, y, x) for k, x, y in differences(b, a, legacy=LEGACY)]
+            if changed:
+                raise CompareError(
+                    f"{task} results were fine-tuned with different settings: {describe(changed)} "
+                    f"('then' in {recorded[0].get('run_dir')}, 'now' in {r.get('run_dir')}). Side by side they would "
+                    f"compare two experiments; compare results made with the same settings (one report each).")
+        with_files = [r for r in rs if (r.get("data") or {}).get("files")]
+        for r in with_files[1:]:
+            a, b = with_files[0]["data"]["files"], r["data"]["files"]
+            changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            if changed:
+                raise CompareError(
+                    f"{task} results were computed on different data: {', '.join(changed)} differ between "
+                    f"{with_files[0].get('run_dir')} and {r.get('run_dir')} (sha256 {str(a.get(changed[0]))[:12]} and "
+                    f"{str(b.get(changed[0]))[:12]}). Scores on different data are not comparable: re-run them on the "
+                    f"same files.")
 
 
 def collect_wandb(project: str) -> list[dict]:
@@ -297,11 +399,18 @@ def _interval(ci) -> str:
     return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
 
 
-def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | None) -> str:
+def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | None, n: int | None,
+          expected: int) -> str:
+    """mean ± sd [sd over pretraining seeds] (interval), and the number of runs when it is fewer than
+    the row should have (``expected``); a single run is shown as what it is, without a spread."""
+    if n is None:  # a GLUE score with no fine-tuning seed in every task: no spread to show
+        return f"{ms[0]:.1f} (mean of task means)"
+    if n == 1:
+        return f"{ms[0]:.1f} (n=1)"
     text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
     if pretrain_sd is not None:
         text += f" [{pretrain_sd:.1f}]"
-    return text + _interval(summary["ci"] if summary else None)
+    return text + _interval(summary["ci"] if summary else None) + (f" (n={n})" if n < expected else "")
 
 
 def to_markdown(table: dict) -> str:
@@ -309,15 +418,22 @@ def to_markdown(table: dict) -> str:
     header = ["encoder"] + [f"{display_name(t)} ({'/'.join(_metric_short(m) for m in TASKS[t].metric_names())})"
                             for t in tasks] + ["GLUE"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    per_encoder = max((len(set(c["seeds"])) for lb in table["labels"] for c in table["cells"][lb].values()), default=0)
+    short = False
     for label in table["labels"]:
         row = [label]
+        expected = per_encoder * max(1, len(table.get("encoders", {}).get(label, [])))
         for t in tasks:
             c = table["cells"][label].get(t)
-            row.append(_cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"]) if c else "–")
+            row.append(_cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected)
+                       if c else "–")
+            short |= bool(c) and len(c["seeds"]) < expected
         g = table["glue"].get(label)
-        row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"]) if g else "–")
+        n = (g.get("summary") or {}).get("n") if g else None
+        row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"], n, expected) if g else "–")
+        short |= bool(g) and (n is None or n < expected)
         lines.append("| " + " | ".join(row) + " |")
-    seeds = sorted({len(set(c["seeds"])) for lb in table["labels"] for c in table["cells"][lb].values()})
+    seeds = [per_encoder]
     encoders = sorted({len(v) for v in table.get("encoders", {}).values()})
     interval = table.get("interval") or {"level": stats.LEVEL, "method": "t"}
     pct = f"{100 * interval['level']:g}%"
@@ -334,7 +450,9 @@ def to_markdown(table: dict) -> str:
                  + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
                  + f"). GLUE = mean task score over "
                  f"{', '.join(display_name(t) for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
-                 f"BERT.")
+                 f"BERT."
+                 + (" (n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
+                    "its mean noisier." if short else ""))
     if table.get("differences"):
         lines += ["", differences_markdown(table)]
     if table.get("seeds_needed"):

@@ -2,13 +2,22 @@
 (and the scratch baseline) on a GLUE suite, compare. Resumable at every level:
 
     <root>/<study>/pretrain/<objective>-s<seed>/   a pretraining run; skipped once its encoder is
-                                                    exported, resumed from last.ckpt if interrupted
+                                                    exported, resumed from its newest checkpoint if
+                                                    interrupted
         glue/<task>/seed<k>.json                    fine-tuning results; finished pairs are skipped
         glue-scratch/...                            (first run only) the same architecture from scratch
         snapshots/<fraction>/glue/...               with ``snapshots``: the encoder at that fraction of
                                                     the budget, and its GLUE suite
     <root>/<study>/report/                          comparison.md / .csv / .png / .json; curve.png /
                                                     .csv with snapshots; intrinsic.md (held-out metrics)
+
+Before anything runs, whatever is already there is checked against the study's settings: a
+pretraining run made (or started) with other settings (any key of the composed pretraining config
+that changes the encoder, the corpus files and the tokenizer included: ``pretraining.record``), and
+GLUE results of another encoder, other fine-tuning settings or other data files
+(``glue.results``), are refused with what differs, instead of being reported as this study's. One
+process at a time runs a study: its directory is locked. A signal (SIGTERM, Ctrl-C) stops the study
+with a non-zero status and the command that continues it.
 
 Every run of the study shares one W&B group: the study's name.
 """
@@ -21,12 +30,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.glue.compare import collect, log_to_wandb, to_markdown, write_report
+from pretrainlab.glue.compare import collect, is_final, log_to_wandb, to_markdown, write_report
+from pretrainlab.glue.results import ResultError, is_results_file
+from pretrainlab.glue.tasks import get_task
 from pretrainlab.pretraining import run as pretraining
+from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose, options
+from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
+from pretrainlab.runtime.script import rerun_command
+from pretrainlab.runtime.signals import exit_on_signal
 from pretrainlab.studies.intrinsic import intrinsic_markdown, intrinsic_report
-from pretrainlab.studies.suite import run_suite
+from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
 
@@ -37,52 +52,113 @@ def _set_group(cfg: DictConfig, group: str) -> None:
 
 
 def run_study(cfg: DictConfig) -> dict:
+    """Run (or continue) the study ``cfg`` describes; returns the comparison table. Every pretraining
+    run already there and every finished GLUE result is checked against the study's settings before
+    anything runs; a signal stops the study with its command to continue."""
     os.environ.setdefault("WANDB_SILENT", "true")  # dozens of runs: W&B speaks only when something fails
     root = Path(cfg.output_root).expanduser() / cfg.study
-    runs = []
-    objectives = options("objective") if cfg.objectives == "all" else list(cfg.objectives)
+    objectives = list(dict.fromkeys(options("objective") if cfg.objectives == "all" else cfg.objectives))
     fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
     baseline = cfg.get("baseline")
     if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
         raise ValueError(f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
                          f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line).")
+    resume = rerun_command()
+    lock(root, "study")
+    try:
+        with exit_on_signal(f"the study {cfg.study}", resume):
+            return _run_study(cfg, root, objectives, fractions, resume)
+    finally:
+        unlock(root)
+
+
+def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float]) -> list[tuple]:
+    """(run directory, composed config, choices, done) of every pretraining run of the study; a run
+    already there (finished or interrupted) is checked against the config composed now."""
+    planned = []
     for objective in objectives:
-        for seed in cfg.seeds:
+        for seed in dict.fromkeys(int(s) for s in cfg.seeds):
             run_dir = root / "pretrain" / f"{objective}-s{seed}"
-            runs.append(run_dir)
-            if (run_dir / "encoder" / "config.json").is_file():
-                log.info("pretraining %s seed %d: done already (%s)", objective, seed, run_dir)
-                continue
             overrides = [f"objective={objective}", f"seed={seed}", *cfg.pretrain,
                          *(cfg.get("objective_overrides") or {}).get(objective, [])]
             if fractions:
                 overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
-            if (run_dir / "checkpoints" / "last.ckpt").is_file():
-                overrides.append("ckpt_path=last")
-                log.info("pretraining %s seed %d: resuming from %s", objective, seed, run_dir)
             train_cfg, choices = compose("train", overrides)
             _set_group(train_cfg, cfg.study)
             train_cfg.export = True
-            pretraining.run(train_cfg, run_dir, choices=choices)
+            check_same_run(run_dir, train_cfg)
+            done = (run_dir / "encoder" / "config.json").is_file()
+            orphans = [] if done else [p for d in ("glue", "glue-scratch") for p in (run_dir / d).rglob("*.json")
+                                       if is_results_file(p)]
+            if orphans:  # results of an encoder that is gone: the new one's suite would refuse them, later
+                raise ResultError(f"{run_dir} holds GLUE results ({orphans[0]}, ...) but no encoder: they are of an "
+                                  f"encoder that is gone, and would be refused beside the one pretrained now. Move "
+                                  f"{run_dir / 'glue'} away (and glue-scratch/, if any) to pretrain and fine-tune "
+                                  f"again.")
+            checkpoint = None if done else latest_checkpoint(run_dir)
+            if checkpoint is not None:
+                train_cfg.ckpt_path = str(checkpoint)
+            planned.append((run_dir, train_cfg, choices, done))
+    return planned
 
+
+def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float], resume: str) -> dict:
+    planned = _pretraining_runs(cfg, root, objectives, fractions)
+    runs = [run_dir for run_dir, *_ in planned]
     glue_overrides = [*cfg.glue.overrides]
-    encoders = [(r, "pretrained") for r in runs] + ([(runs[0], "scratch")] if cfg.scratch and runs else [])
+    tasks, seeds = list(cfg.glue.tasks), [int(s) for s in cfg.glue.seeds]
+
+    def suite_cfg(encoder: Path, init: str) -> DictConfig:
+        gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *glue_overrides])
+        _set_group(gcfg, cfg.study)
+        return gcfg
+
+    def encoders() -> list[tuple[Path, str]]:
+        """Every encoder to fine-tune that exists now: final encoders, scratch, snapshots."""
+        found = [(r, "pretrained") for r in runs if (r / "encoder" / "config.json").is_file()]
+        if cfg.scratch and found and found[0][0] == runs[0]:
+            found.append((runs[0], "scratch"))
+        for run_dir in runs:
+            for fraction in fractions:
+                if (snapshot_dir(run_dir, fraction) / "config.json").is_file():
+                    found.append((snapshot_dir(run_dir, fraction), "pretrained"))
+        return found
+
+    # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
+    for encoder, init in encoders():
+        gcfg = suite_cfg(encoder, init)
+        plan_suite(gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True))
+
+    for run_dir, train_cfg, choices, done in planned:
+        name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
+        if done:
+            log.info("pretraining %s: done already (%s)", name, run_dir)
+            continue
+        if train_cfg.ckpt_path:
+            log.info("pretraining %s: resuming from %s", name, train_cfg.ckpt_path)
+        pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
+
     for run_dir in runs:
         for fraction in fractions:
-            snap = snapshot_dir(run_dir, fraction)
-            if (snap / "config.json").is_file():
-                encoders.append((snap, "pretrained"))
-            else:
+            if not (snapshot_dir(run_dir, fraction) / "config.json").is_file():
                 log.warning("%s has no snapshot at %g of its budget (it was pretrained without snapshots=%s): that "
                             "point of the curve is left out", run_dir, fraction, list(fractions))
-    for run_dir, init in encoders:
-        gcfg, _ = compose("glue", [f"pretrained={run_dir}", f"init={init}", *glue_overrides])
-        _set_group(gcfg, cfg.study)
-        run_suite(gcfg, list(cfg.glue.tasks), [int(s) for s in cfg.glue.seeds], None,
-                  OmegaConf.to_container(gcfg.task_overrides, resolve=True))
+    for encoder, init in encoders():
+        gcfg = suite_cfg(encoder, init)
+        run_suite(gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True),
+                  resume_hint=resume)
+
+    # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an
+    # earlier version of the study left in its directories)
+    wanted_tasks = {get_task(t).name for t in tasks}
+
+    def asked(r: dict) -> bool:
+        fraction = (r.get("pretrained") or {}).get("fraction")
+        return (r["task"] in wanted_tasks and r["seed"] in seeds
+                and (is_final(r) or any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
 
     report = root / "report"
-    table = write_report(collect([str(root / "pretrain")]), report, baseline=cfg.get("baseline"))
+    table = write_report(collect([str(r) for r in runs], keep=asked), report, baseline=cfg.get("baseline"))
     print(to_markdown(table))
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))

@@ -2,18 +2,19 @@
 
 Results go to ``<output_dir>/<task>/seed<k>.json`` (the run's own files, W&B included, to
 ``<output_dir>/<task>/seed<k>/``). A (task, seed) whose results file exists is not run again, so
-an interrupted suite continues where it stopped. Results are keyed by the encoder's identity (the
-hash of its weights, see ``finetune.encoder_identity``), not by its path: a results file written
-for another encoder, such as the earlier encoder of a run directory pretrained again, is refused
-rather than reported as this one's; so is one written with other fine-tuning settings (the task's
-recipe, the data, the optimizer), which would mix two experiments in one table. ``summary.json`` /
-``summary.md`` aggregate the seeds.
+an interrupted suite continues where it stopped. Before anything runs, every finished result is
+checked (``pretrainlab.glue.results``): it must be complete and finite, of this encoder (by the
+hash of its weights, not its path: a run directory pretrained again holds another encoder), made
+with this suite's fine-tuning settings (the task's recipe, the data source, the optimizer) and on
+the same data files; anything else is refused rather than reported beside new results.
+``summary.json`` / ``summary.md`` aggregate the seeds. One suite at a time writes into a directory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,9 +25,13 @@ from pretrainlab.export.hf import model_name
 from pretrainlab.finetuning import run as finetuning
 from pretrainlab.finetuning.encoders import encoder_identity
 from pretrainlab.glue.compare import aggregate, as_final, to_markdown
+from pretrainlab.glue.data import data_digests
+from pretrainlab.glue.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.glue.tasks import get_task
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
+from pretrainlab.runtime.rundir import lock, unlock
+from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.settings import check_finetuning
 
 log = logging.getLogger("pretrainlab")
@@ -54,17 +59,30 @@ def default_output_dir(pretrained: str, init: str) -> Path:
     return run / suffix
 
 
-def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
-              task_overrides: dict | None = None) -> list[dict]:
-    """Fine-tune ``cfg.pretrained`` on every (task, seed) not yet done; returns all results."""
+@dataclass
+class Job:
+    """One (task, seed) of a suite: its config, where it runs and writes, and its result if done."""
+
+    cfg: DictConfig
+    run_dir: Path
+    path: Path
+    done: dict | None
+
+
+def plan_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
+               task_overrides: dict | None = None) -> tuple[Path, list[Job]]:
+    """The suite's output directory and its jobs, every setting and every finished result checked
+    (nothing is run or written but the synthetic suite's cache)."""
     output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
     identity = encoder_identity(cfg.pretrained, cfg.init)
+    tasks = list(dict.fromkeys(get_task(t).name for t in tasks))  # each (task, seed) once
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
     for name in tasks:  # every task's settings are checked before the first one runs
         check_finetuning(OmegaConf.create({"task": task_config(name, task_overrides)}))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    results = []
+    jobs = []
     for name in tasks:
         task = task_config(name, task_overrides)
+        digests = None
         for seed in seeds:
             path = output_dir / task.name / f"seed{seed}.json"
             run_cfg = cfg.copy()
@@ -73,65 +91,61 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
             run_cfg.seed = seed
             for key in ("tasks", "seeds", "output_dir", "task_overrides"):
                 run_cfg.pop(key, None)
-            if path.is_file():
-                done = json.loads(path.read_text())
-                _check_same_encoder(done, identity, cfg, path)
-                _check_same_settings(done, run_cfg, path)
-                log.info("%s seed %d: done already (%s)", task.name, seed, path)
-                results.append(done)
-                continue
-            choices = {**hydra.choices(), "task": task.name}
-            results.append(finetuning.run(run_cfg, output_dir / task.name / f"seed{seed}", results_path=path,
-                                          choices=choices))
-    write_summary(results, output_dir)
-    return results
+            done = None
+            if path.exists():
+                done = read_result(path)
+                check_place(done, task.name, seed, path)
+                check_encoder(done, identity, cfg.init, path)
+                check_settings(done, OmegaConf.to_container(run_cfg, resolve=True), path)
+                if digests is None:
+                    glue = run_cfg.glue
+                    digests = data_digests(get_task(task.name), glue.source, glue.data_dir, run_cfg.cache_dir,
+                                           OmegaConf.to_container(glue.synthetic, resolve=True)
+                                           if glue.get("synthetic") else None) or {}
+                check_data(done, digests, path)
+                done = _relabel(done, identity, path)
+            jobs.append(Job(run_cfg, output_dir / task.name / f"seed{seed}", path, done))
+    return output_dir, jobs
 
 
-def _check_same_encoder(done: dict, identity: dict, cfg: DictConfig, path: Path) -> None:
+def _relabel(done: dict, identity: dict, path: Path) -> dict:
+    """A finished result of this encoder whose record of where the encoder sits in its run's budget
+    (``fraction``, ``pretrain_flops``) is out of date (the run's budget was extended since, and its
+    snapshots relabelled): the record is brought up to date, in the file too."""
     was = done.get("pretrained") or {}
-    if was.get("encoder_id") == identity["encoder_id"] and was.get("init") == cfg.init:
-        return
-    if "encoder_id" not in was:
-        why = "was written before results recorded their encoder's hash, so it cannot be matched to this encoder"
-    elif was.get("init") != cfg.init:
-        why = f"holds init={was.get('init')} results, and this suite is init={cfg.init}"
-    else:
-        why = (f"holds results of another encoder (weights {str(was.get('weights_sha256'))[:12]}, this one's are "
-               f"{identity['weights_sha256'][:12]}: the encoder was pretrained again or replaced)")
-    raise ValueError(f"{path} {why}. Use another output_dir for this encoder, or move the old results away to run "
-                     f"them again.")
+    if was.get("fraction") is None or was["fraction"] == identity["fraction"]:
+        return done
+    fresh = {k: identity[k] for k in ("fraction", "pretrain_flops") if was.get(k) != identity[k]}
+    log.info("%s: the encoder's place in its run's budget changed since (%s); its result is relabelled", path,
+             ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in fresh.items()))
+    done = {**done, "pretrained": {**was, **fresh}}
+    atomic.write_json(path, done)
+    return done
 
 
-# what a result depends on, beyond the encoder and the seed (trainer, logger and compile settings change
-# how it runs, not what it computes)
-RESULT_SETTINGS = ("task", "glue", "optim")
-
-
-def _check_same_settings(done: dict, run_cfg: DictConfig, path: Path) -> None:
-    was, now = done.get("config"), OmegaConf.to_container(run_cfg, resolve=True)
-    if not was:
-        return
-    changed = [d for group in RESULT_SETTINGS for d in _flat_diff(was.get(group), now.get(group), group)]
-    if changed:
-        shown = ", ".join(f"{key}: {then!r} then, {value!r} now" for key, then, value in changed[:4])
-        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
-        raise ValueError(f"{path} was fine-tuned with other settings ({shown}{more}): reporting it beside this "
-                         f"suite's results would mix two experiments. Use another output_dir for these settings, "
-                         f"or move the old results away to run them again.")
-
-
-# settings added since results were first written, with the value that results without them were made with
-LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
-
-
-def _flat_diff(was, now, prefix: str) -> list[tuple[str, object, object]]:
-    """(dotted key, old value, new value) of every setting that differs. A key missing from the old
-    results is a setting added since: it is compared at its ``LEGACY`` value, or not at all when it
-    changes nothing."""
-    if isinstance(was, dict) and isinstance(now, dict):
-        keys = [k for k in now if k in was or f"{prefix}.{k}" in LEGACY]
-        return [d for k in keys for d in _flat_diff(was.get(k, LEGACY.get(f"{prefix}.{k}")), now[k], f"{prefix}.{k}")]
-    return [] if was == now else [(prefix, was, now)]
+def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
+              task_overrides: dict | None = None, resume_hint: str | None = None) -> list[dict]:
+    """Fine-tune ``cfg.pretrained`` on every (task, seed) not yet done; returns all results.
+    ``resume_hint``: the command that continues the suite after a signal stops it (by default
+    this process's command line)."""
+    output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
+    resume_hint = resume_hint or rerun_command()
+    lock(output_dir, "GLUE suite")
+    try:
+        output_dir, jobs = plan_suite(cfg, tasks, seeds, output_dir, task_overrides)
+        results = []
+        for job in jobs:
+            if job.done is not None:
+                log.info("%s seed %d: done already (%s)", job.cfg.task.name, job.cfg.seed, job.path)
+                results.append(job.done)
+                continue
+            choices = {**hydra.choices(), "task": job.cfg.task.name}
+            results.append(finetuning.run(job.cfg, job.run_dir, results_path=job.path, choices=choices,
+                                          resume_hint=resume_hint))
+        write_summary(results, output_dir)
+    finally:
+        unlock(output_dir)
+    return results
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:

@@ -1,0 +1,73 @@
+"""What a pretraining run records of itself, and the check that a run directory holds the run a
+config asks for.
+
+Every export (``encoder/``, ``snapshots/<fraction>/``) records in its ``config.json`` the run's
+resolved config and the identity of its data (:func:`data_identity`: the corpus files' fingerprint
+and the tokenizer's). A study that finds a run directory already pretrained, or interrupted, calls
+:func:`check_same_run` before it skips or resumes it: a run made with other settings (another
+budget, learning rate, corpus, tokenizer, ...) is refused, naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab.export.native import CONFIG
+from pretrainlab.runtime.provenance import PRETRAINING_HOW, SettingsMismatch, describe, differences
+
+
+def data_identity(cfg: DictConfig) -> dict:
+    """The corpus's fingerprint (for local files: their paths, sizes and modification times) and
+    the tokenizer's (its settings and corpus, or the pretrained file's hash). Cheap: nothing is
+    read but file metadata (and a pretrained tokenizer file)."""
+    corpus = instantiate(cfg.data).fingerprint()
+    return {"corpus": corpus, "tokenizer": instantiate(cfg.tokenizer).key(corpus)}
+
+
+def recorded(run_dir: Path) -> tuple[dict, dict | None, str] | None:
+    """(config, data identity or None, what) of the run in ``run_dir``: from its exported encoder
+    (``what`` = "pretrained") or, for a run that has not finished, from its ``config.yaml``
+    (``what`` = "started"); None when it holds neither."""
+    export = run_dir / "encoder" / CONFIG
+    if export.is_file():
+        pre = json.loads(export.read_text()).get("pretraining") or {}
+        if pre.get("config"):
+            return pre["config"], pre.get("data"), "pretrained"
+    if (run_dir / "config.yaml").is_file():
+        return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")), None, "started"
+    return None
+
+
+def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
+    """Refuse ``run_dir`` as the run ``cfg`` describes when it was pretrained (or started) with other
+    settings: every key of the composed config but :data:`PRETRAINING_HOW`, and the corpus and
+    tokenizer it was trained on."""
+    found = recorded(run_dir)
+    if found is None:
+        return
+    was, data_was, what = found
+    now = OmegaConf.to_container(cfg, resolve=True)
+    changed = differences(was, now, ignore=PRETRAINING_HOW)
+    if data_was:
+        data_now = data_identity(cfg)
+        for key, why in (("corpus", "the corpus files (their size or modification time)"),
+                         ("tokenizer", "the tokenizer")):
+            if data_was.get(key) is not None and data_was[key] != data_now[key]:
+                changed.append((f"{why}", data_was[key], data_now[key]))
+    if not changed:
+        return
+    if what == "pretrained":
+        head = (f"{run_dir} holds an encoder pretrained with other settings than asked for now ({describe(changed)}): "
+                f"reporting it would put one experiment's encoder under another's settings.")
+    else:
+        head = (f"{run_dir} holds an interrupted run started with other settings than asked for now "
+                f"({describe(changed)}): resuming it would mix the two.")
+    raise SettingsMismatch(f"{head} Use another study name (study=<name>) for these settings, or move {run_dir} away "
+                           f"to pretrain it again.")
+
+
+__all__ = ["check_same_run", "data_identity", "recorded"]

@@ -1,0 +1,72 @@
+"""What finished work was made with, checked against the settings that now ask for it.
+
+Studies and suites skip work that is already done: a pretraining run whose encoder is exported, a
+(task, seed) whose results file exists. Skipping is right only when the finished work was made
+with the settings asking for it now; otherwise the report shows one experiment's numbers under
+another's settings. Both checks compare the recorded config with the new one through
+:func:`differences`, and refuse with :class:`SettingsMismatch`, which names what differs and the fix.
+
+Settings that change *how* a run goes but not *what* it computes (devices, precision, logging,
+workers, compilation, checkpoint and validation intervals) are not compared: see
+:data:`PRETRAINING_HOW`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+# pretraining settings that do not change the encoder a run produces (beyond numerical noise):
+# trainer settings, logging, workers, compilation, how often it validates and saves, where caches live
+PRETRAINING_HOW = (
+    "trainer", "logger", "num_workers", "compile", "compile_mode", "static_shapes", "tf32", "keep_freed_memory",
+    "progress_refresh_rate", "cache_dir", "ckpt_path", "overwrite", "export", "snapshots", "log_encoder_artifact",
+    "device_batch_size", "val_every", "checkpoint_every", "on_nonfinite",
+)
+
+
+class SettingsMismatch(ValueError):
+    """Finished work made with other settings than those asking for it now."""
+
+
+def differences(was: Any, now: Any, prefix: str = "", legacy: dict | None = None,
+                ignore: Iterable[str] = ()) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every setting that differs between two configs
+    (plain containers). A key missing from the old record is a setting added since: it is compared
+    at its ``legacy`` value (the value old work was made with), or not at all when it is not listed
+    there. Keys in ``ignore`` (dotted, at any depth) are left out."""
+    legacy, ignore = legacy or {}, set(ignore)
+    out: list[tuple[str, Any, Any]] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if key in ignore:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in b:
+                sub = f"{key}.{k}" if key else str(k)
+                if k in a:
+                    walk(a[k], b[k], sub)
+                elif sub in legacy:
+                    walk(legacy[sub], b[k], sub)
+            return
+        if a != b and not _same_number(a, b):
+            out.append((key, a, b))
+
+    walk(was, now, prefix)
+    return out
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """1e-3 recorded as 0.001, 2 as 2.0: the same setting."""
+    numbers = (int, float)
+    return (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool)
+            and float(a) == float(b))
+
+
+def describe(changed: list[tuple[str, Any, Any]], limit: int = 4) -> str:
+    """``key: old then, new now, ...`` for a message, the first ``limit`` of them."""
+    shown = ", ".join(f"{key}: {then!r} then, {value!r} now" for key, then, value in changed[:limit])
+    more = f" (and {len(changed) - limit} more)" if len(changed) > limit else ""
+    return shown + more
+
+
+__all__ = ["PRETRAINING_HOW", "SettingsMismatch", "describe", "differences"]
