@@ -285,6 +285,11 @@ def test_every_objective_keeps_the_plugin_contract(name):
     assert out.loss.ndim == 0 and torch.isfinite(out.loss) and out.loss.requires_grad
     assert out.metrics and all(not v.requires_grad and v.ndim == 0 for v in out.metrics.values())
     assert objective.flops_per_token(config, 32) > flops_per_token(config, 32, 0.15) > 0
+    sequences = [np.array([2, 7, 8, 9, 3]), np.array([2, 7, 3]), np.array([2, 9, 8, 7, 3])]
+    with torch.no_grad():  # the zero-shot score minimal pairs are compared by: one finite number per sequence
+        scores = objective.eval().sentence_scores(encoder.eval(), sequences)
+    objective.train(), encoder.train()
+    assert scores.shape == (3,) and np.isfinite(scores).all() and (scores < 0).all()
     state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     state |= {f"objective.{k}": v for k, v in objective.state_dict().items()}
     heads = [type(objective).hf_head(state, arch) for arch in ("bert", "albert", "electra")]

@@ -6,6 +6,8 @@ An export directory holds
     encoder.safetensors   the encoder's weights (for ELECTRA: the discriminator)
     tokenizer.json        the tokenizer the encoder was trained with; encoding adds [CLS] ... [SEP]
                           as the encoder saw its inputs (add_special_tokens=False: the text alone)
+    objective.safetensors the objective's own weights (heads, ELECTRA's generator), for zero-shot
+                          evaluations that score text the way the objective does (load_objective)
 
 It is written to a temporary directory and renamed into place, so an interrupted export never
 leaves a half-written directory where a complete one was.
@@ -26,7 +28,7 @@ from pretrainlab import atomic
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens, with_template
 
-CONFIG, WEIGHTS, TOKENIZER = "config.json", "encoder.safetensors", "tokenizer.json"
+CONFIG, WEIGHTS, TOKENIZER, OBJECTIVE = "config.json", "encoder.safetensors", "tokenizer.json", "objective.safetensors"
 FORMAT = "pretrainlab-encoder/1"
 
 
@@ -66,16 +68,22 @@ def check_output_dir(out: Path, source: Path, fmt: str, force: bool = False) -> 
                           f"a new or empty directory, or pass --force to replace it.")
 
 
+def _float32(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in module.state_dict().items()}
+
+
 def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens, out_dir: str | Path,
-                   pretraining: dict | None = None) -> Path:
-    """Write ``encoder`` (float32 weights), its tokenizer and metadata to ``out_dir``, replacing an
-    earlier export there in one rename."""
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in encoder.state_dict().items()}
+                   pretraining: dict | None = None, objective: torch.nn.Module | None = None) -> Path:
+    """Write ``encoder`` (float32 weights), its tokenizer and metadata to ``out_dir``, and the
+    ``objective``'s own weights when given, replacing an earlier export there in one rename."""
+    state = _float32(encoder)
     meta = {"format": FORMAT, "encoder": encoder.config.to_dict(), "special_tokens": tokens.ids(),
             "pretraining": pretraining or {}}
 
     def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
+        if objective is not None:
+            save_file(_float32(objective), str(tmp / OBJECTIVE))
         cls, sep = tokenizer.id_to_token(tokens.cls_id), tokenizer.id_to_token(tokens.sep_id)
         with_template(tokenizer, cls, sep).save(str(tmp / TOKENIZER))
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
@@ -113,6 +121,39 @@ def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, 
     return encoder, tokenizer, meta
 
 
+def load_objective(path: str | Path, encoder: Encoder, tokens: SpecialTokens, weights: bool = True):
+    """The objective an export was pretrained with, built for ``encoder`` and ``tokens``, with its
+    weights from the export's ``objective.safetensors`` (or, for exports written before it was,
+    from the run's ``checkpoints/last.ckpt`` when that holds this encoder). ``weights=False``: freshly
+    initialised (the scratch baseline). An ExportError says what is missing."""
+    from hydra.utils import instantiate
+
+    p = resolve_export_dir(path)
+    meta = json.loads((p / CONFIG).read_text())
+    target = ((meta.get("pretraining") or {}).get("config") or {}).get("objective")
+    if not target or "_target_" not in target:
+        raise ExportError(f"{p} records no pretraining objective (an encoder imported from elsewhere?): zero-shot "
+                          f"evaluations score text with the objective's own heads.")
+    objective = instantiate(target, _partial_=True)(encoder_config=encoder.config, tokens=tokens)
+    if not weights:
+        return objective
+    if (p / OBJECTIVE).is_file():
+        objective.load_state_dict(load_file(str(p / OBJECTIVE)))
+        return objective
+    from pretrainlab.runtime.checkpoints import read
+
+    ckpt = p.parent / "checkpoints" / "last.ckpt"
+    if ckpt.is_file():
+        state = read(ckpt)["state_dict"]
+        ours = encoder.state_dict()
+        if all(torch.equal(state.get(f"encoder.{k}", torch.empty(0)).float(), v.float()) for k, v in ours.items()):
+            objective.load_state_dict({k[len("objective."):]: v for k, v in state.items() if k.startswith("objective.")})
+            return objective
+    raise ExportError(f"{p} has no {OBJECTIVE} (it was exported before exports held the objective's weights) and no "
+                      f"checkpoint of this encoder beside it: export the run again from its last checkpoint "
+                      f"(python train.py hydra.run.dir=<run> ckpt_path=last) to evaluate it zero-shot.")
+
+
 def export_native(source: str | Path, out: str | Path, force: bool = False) -> Path:
     """Copy the export of a run (or an export directory) to ``out``."""
     src, out = resolve_export_dir(source), Path(out)
@@ -120,5 +161,5 @@ def export_native(source: str | Path, out: str | Path, force: bool = False) -> P
     return atomic.build_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
-__all__ = ["CONFIG", "FORMAT", "TOKENIZER", "WEIGHTS", "ExportError", "check_output_dir", "export_encoder",
-           "export_native", "is_export", "load_encoder", "resolve_export_dir"]
+__all__ = ["CONFIG", "FORMAT", "OBJECTIVE", "TOKENIZER", "WEIGHTS", "ExportError", "check_output_dir",
+           "export_encoder", "export_native", "is_export", "load_encoder", "load_objective", "resolve_export_dir"]

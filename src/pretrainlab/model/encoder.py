@@ -102,6 +102,7 @@ class EncoderConfig:
 class EncoderOutput(NamedTuple):
     hidden_states: torch.Tensor  # (batch, seq, hidden)
     pooled: torch.Tensor | None  # (batch, hidden): tanh(dense([CLS])), when the config has a pooler
+    layers: tuple[torch.Tensor, ...] | None = None  # with all_layers: the embeddings' output, then each layer's
 
 
 class Embeddings(nn.Module):
@@ -189,6 +190,7 @@ class Encoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         embeddings: Embeddings | None = None,
         rows: torch.Tensor | None = None,
+        all_layers: bool = False,
     ) -> EncoderOutput:
         """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
         ``embeddings``: another encoder's embeddings, for an encoder built without its own.
@@ -197,7 +199,9 @@ class Encoder(nn.Module):
         the last layer and go through its output projection and feed-forward, and ``hidden_states``
         is (batch, slots, hidden); the pooled [CLS] vector is unaffected. Every layer still attends
         over all positions, so the rows are exactly what the full forward would give (up to dropout
-        draws). Their shape comes from the batch, so nothing here waits for the device."""
+        draws). Their shape comes from the batch, so nothing here waits for the device.
+        ``all_layers``: also return every layer's output (``layers``: the embeddings, projected to
+        the hidden size, then each layer; the last is ``hidden_states``), for feature extraction."""
         b, t = input_ids.shape
         if t > self.config.max_position_embeddings:
             raise ConfigError(
@@ -215,15 +219,23 @@ class Encoder(nn.Module):
             attn_mask = None
         if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
             rows = torch.cat([rows.new_zeros(b, 1), rows], dim=1)
+        if all_layers and rows is not None:
+            raise ValueError("all_layers needs every row: pass rows=None")
+        states = [x] if all_layers else None
         n = self.config.num_layers
         for i in range(n):
             x = self.layers[0 if self.config.share_layers else i](x, attn_mask, rows if i == n - 1 else None)
+            if states is not None:
+                states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
+            if states is not None:
+                states[-1] = x
+        layers = tuple(states) if states is not None else None
         if self.pooler is None:
-            return EncoderOutput(x, None)
+            return EncoderOutput(x, None, layers)
         hidden = x if rows is None else x[:, 1:]
-        return EncoderOutput(hidden, torch.tanh(self.pooler(x[:, 0])))
+        return EncoderOutput(hidden, torch.tanh(self.pooler(x[:, 0])), layers)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

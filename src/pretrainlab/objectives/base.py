@@ -16,6 +16,7 @@ head, its loss, FLOPs and export.
         def collator(self, length=None) -> Collator                       # picklable, no weights
         def forward(self, encoder, batch) -> ObjectiveOutput              # loss + detached metrics
         def flops_per_token(self, encoder_config, seq_len) -> float       # for compute-matched runs
+        def sentence_scores(self, encoder, sequences) -> np.ndarray        # zero-shot log-likelihoods
         @classmethod
         def hf_head(cls, state, arch) -> tuple[str, dict] | None          # its head for transformers
 
@@ -96,6 +97,15 @@ class Objective(nn.Module):
         function of shapes only, so budgets are known before any weight exists."""
         return flops_per_token(encoder_config, seq_len)
 
+    def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
+        """The zero-shot score of each sequence (``[CLS] ... [SEP]`` token ids), as the objective's
+        pretraining defines a likelihood: the higher, the more the pretrained model takes it for
+        natural text. Minimal pairs (BLiMP) compare these scores. ``max_tokens``: about how many
+        tokens go through the encoder at once. Objectives are expected to run in eval mode, without
+        gradients; those that define no likelihood raise NotImplementedError."""
+        raise NotImplementedError(f"objective {self.name} defines no zero-shot sentence score: implement "
+                                  f"sentence_scores to evaluate it on minimal pairs.")
+
     @classmethod
     def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
         """The pretraining head in the Hugging Face format: (the transformers class that holds it,
@@ -103,6 +113,14 @@ class Objective(nn.Module):
         ``objective.*``), for an encoder exported as ``arch`` (bert, albert, electra). None when
         there is no head to export."""
         return None
+
+
+def by_length(sequences: list[np.ndarray]) -> dict[int, list[int]]:
+    """Indices of ``sequences`` grouped by length: a group stacks without padding."""
+    groups: dict[int, list[int]] = {}
+    for i, seq in enumerate(sequences):
+        groups.setdefault(len(seq), []).append(i)
+    return dict(sorted(groups.items()))
 
 
 def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int = 8, length: int | None = None) -> Batch:
@@ -131,4 +149,4 @@ def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int =
     return batch
 
 
-__all__ = ["BATCH_KEYS", "Batch", "Collator", "Objective", "ObjectiveOutput", "pad_examples"]
+__all__ = ["BATCH_KEYS", "Batch", "Collator", "Objective", "ObjectiveOutput", "by_length", "pad_examples"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +21,7 @@ from pretrainlab.data.examples import Example
 from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead, TokenHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length
 from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
 from pretrainlab.tokens import SpecialTokens
@@ -116,6 +117,24 @@ class ELECTRA(Objective):
                 "replaced_frac": target.sum() / n_real,
             }
         return ObjectiveOutput(loss, metrics)
+
+    @torch.no_grad()
+    def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
+        """The discriminator's log-probability that every token is original: the sum, over the
+        sequence's tokens ([CLS] and [SEP] excepted), of log(1 - sigmoid(logit)) = -softplus(logit).
+        One forward per sequence; sequences of one length are stacked without padding."""
+        device = encoder.embeddings.word_embeddings.weight.device
+        special = torch.tensor(sorted(self.tokens.special_ids), device=device)
+        scores = np.zeros(len(sequences), dtype=np.float64)
+        for length, members in by_length(sequences).items():
+            step = max(1, max_tokens // length)
+            for start in range(0, len(members), step):
+                chunk = members[start:start + step]
+                ids = torch.as_tensor(np.stack([sequences[i] for i in chunk]), dtype=torch.long, device=device)
+                logits = self.discriminator_head(encoder(ids, None, None).hidden_states).double()
+                original = -F.softplus(logits) * (~torch.isin(ids, special))
+                scores[chunk] = original.sum(dim=1).cpu().numpy()
+        return scores
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         # discriminator encoder + its per-token head, generator encoder + its sparse MLM head

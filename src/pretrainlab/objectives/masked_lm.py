@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
 from pretrainlab.objectives.masking import MaskingConfig, corrupt, max_selected, select_tokens, slot_layout
 from pretrainlab.tokens import SpecialTokens
 
@@ -101,6 +103,32 @@ class MaskedLM(Objective):
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
         return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
+
+    @torch.no_grad()
+    def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
+        """Pseudo-log-likelihood (Salazar et al., 2020): the sum, over the sequence's tokens ([CLS]
+        and [SEP] excepted), of log p(token | the sequence with that token masked). Each token is
+        masked in a copy of its own; copies of sequences of one length are stacked without padding,
+        about ``max_tokens`` tokens at a time, and the encoder's last layer computes only the
+        masked row of each copy."""
+        device = encoder.embeddings.word_embeddings.weight.device
+        special = torch.tensor(sorted(self.tokens.special_ids), device=device)
+        scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
+        for length, members in by_length(sequences).items():
+            ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
+            sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
+            step = max(1, max_tokens // length)
+            for start in range(0, len(sentence), step):
+                s, p = sentence[start:start + step], position[start:start + step]
+                copies = ids[s].clone()
+                target = copies[torch.arange(len(p), device=device), p]
+                copies[torch.arange(len(p), device=device), p] = self.tokens.mask_id
+                hidden = encoder(copies, None, None, rows=p[:, None]).hidden_states[:, 0]
+                logits = F.linear(self.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight,
+                                  self.mlm_head.bias).float()
+                logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
+                scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
+        return scores.cpu().numpy()
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         # the last layer runs at the masked rows only; the pooler and pair heads run once per sequence

@@ -199,7 +199,8 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
                 "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True), "data": data_id}
 
     def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
-        export_encoder(pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction))
+        export_encoder(pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction),
+                       objective=pl_module.objective)
 
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, snapshot)
     steps = budget.kind == "steps"
@@ -226,7 +227,8 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
         result["global_step"] = trainer.global_step
         result["run_dir"] = str(run_dir)
         if trainer.is_global_zero and cfg.export:
-            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining=provenance(1.0))
+            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining=provenance(1.0),
+                                 objective=module.objective)
             result["encoder_dir"] = str(out)
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):
