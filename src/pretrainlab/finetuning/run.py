@@ -1,13 +1,15 @@
-"""Fine-tune and evaluate one GLUE task. ``finetune.py`` at the repository root is the Hydra
-entry point; the GLUE suite (``pretrainlab.studies.suite``) calls :func:`run` once per (task, seed).
+"""Run one evaluation task on one encoder: fine-tune it (GLUE, NER), score it zero-shot (BLiMP) or
+probe its frozen features, as the task's kind says (``pretrainlab.evaluation.tasks``), and write
+its results file. ``finetune.py`` at the repository root is the Hydra entry point; the evaluation
+suite (``pretrainlab.studies.suite``) calls :func:`run` once per (task, seed).
 
 ``pretrained`` is a pretraining run directory, an exported encoder directory (``<run>/encoder``)
 or ``hf:<dir>``; ``init=scratch`` keeps its architecture and tokenizer but starts from random
 weights (``encoders.py``).
 
-The result (``results.json``) reports the dev metrics after the **last** epoch, never the best
-epoch picked on the same dev set (which would flatter every model); every epoch's metrics are kept
-in ``history``.
+A fine-tuned task's result (``results.json``) reports the dev metrics after the **last** epoch,
+never the best epoch picked on the same dev set (which would flatter every model); every epoch's
+metrics are kept in ``history``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import functools
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
-from pretrainlab.finetuning.encoders import load_pretrained
-from pretrainlab.finetuning.module import FinetuneModule
+from pretrainlab.evaluation import tasks as evaluations
+from pretrainlab.finetuning.encoders import Pretrained, load_pretrained
+from pretrainlab.finetuning.module import FinetuneModule, Trainable
 from pretrainlab.glue.data import (
     EncodedDataset, EncodedSplit, LengthGroupedSampler, collate, data_digests, encode, load_task,
 )
@@ -37,7 +41,7 @@ from pretrainlab.runtime.devices import check_precision, compile_options, world_
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
 from pretrainlab.runtime.settings import check_finetuning
-from pretrainlab.runtime.signals import SaveOnSignal, fit, signal_name, worker_init
+from pretrainlab.runtime.signals import SaveOnSignal, exit_on_signal, fit, signal_name, worker_init
 
 log = logging.getLogger("pretrainlab")
 
@@ -55,36 +59,41 @@ def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | Path | None = None,
         choices: dict[str, str] | None = None, resume_hint: str | None = None) -> dict[str, Any]:
-    """Fine-tune ``cfg.pretrained`` on ``cfg.task``; write and return the results. ``resume_hint``:
-    the command to run after a signal stops it (a suite's or a study's; by default this process's)."""
+    """Run ``cfg.task`` on ``cfg.pretrained``; write and return the results. ``resume_hint``: the
+    command to run after a signal stops it (a suite's or a study's; by default this process's)."""
     script = RunScript.of(cfg, run_dir, choices)
     run_dir = script.dir
     results_path = Path(results_path) if results_path else run_dir / "results.json"
     if OmegaConf.is_missing(cfg, "pretrained"):
         raise ConfigError("pretrained=<pretraining run directory | exported encoder directory | hf:<dir>> is required.")
+    task = evaluations.get(cfg.task.name)
     check_finetuning(cfg)
     check_precision(cfg)
-    spec = get_task(cfg.task.name)
     world = world_size(cfg)
-    if cfg.task.batch_size % world:
+    if task.fine_tuned and cfg.task.batch_size % world:
         raise ConfigError(f"task.batch_size={cfg.task.batch_size} is not divisible by the {world} devices.")
-    optim = instantiate(cfg.optim)
+    optim = instantiate(cfg.optim) if task.fine_tuned else None
     claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
     try:
-        return _run(cfg, script, spec, optim, results_path, resume_hint or rerun_command())
+        return _run(cfg, script, task, optim, results_path, resume_hint or rerun_command())
     finally:
         release(run_dir)
 
 
-def _run(cfg: DictConfig, script: RunScript, spec, optim, results_path: Path, resume_hint: str) -> dict[str, Any]:
-    run_dir = script.dir
-    script.start()
-    model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
-    max_pos = model.encoder.config.max_position_embeddings
-    if cfg.task.max_seq_len > max_pos:
-        raise ConfigError(f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
-                          f"lower task.max_seq_len.")
+@dataclass
+class Job:
+    """What a fine-tuned task brings to the shared training loop."""
 
+    module: Trainable
+    train_loader: torch.utils.data.DataLoader
+    eval_loaders: list[torch.utils.data.DataLoader]
+    steps_per_epoch: int
+    eval_examples: dict[str, int]
+    fields: dict = field(default_factory=dict)  # what its results add: examples, the no-skill level, the data
+
+
+def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -> Job:
+    spec = get_task(cfg.task.name)
     t0 = time.time()
     glue = cfg.glue
     synthetic = OmegaConf.to_container(glue.synthetic, resolve=True) if glue.get("synthetic") else None
@@ -102,7 +111,6 @@ def _run(cfg: DictConfig, script: RunScript, spec, optim, results_path: Path, re
     per_device = cfg.task.batch_size // world_size(cfg)
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
-    compile_ = compile_options(cfg)
     multiple = 8 if compile_ else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
     collate_fn = functools.partial(collate, pad_id=pad, multiple=multiple)
     order = (dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
@@ -112,31 +120,88 @@ def _run(cfg: DictConfig, script: RunScript, spec, optim, results_path: Path, re
         num_workers=cfg.num_workers, worker_init_fn=worker_init, **order)
     eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers, multiple) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
-    total_steps = steps_per_epoch * cfg.task.epochs
-    module = FinetuneModule(model.encoder, spec, optim, total_steps, cfg.task.classifier_dropout, eval_names,
-                            compile=compile_)
+    module = FinetuneModule(model.encoder, spec, optim, steps_per_epoch * cfg.task.epochs,
+                            cfg.task.classifier_dropout, eval_names, compile=compile_)
+    return Job(module, train_loader, eval_loaders, steps_per_epoch,
+               {s: len(e) for s, e in zip(eval_names, encoded_eval)},
+               {"train_examples": len(encoded_train),
+                "no_skill": {f"{m}{suffix}": v for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
+                             for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels,
+                                                  spec.is_regression).items()},
+                "data": {"source": glue.source, "files": digests}})
 
+
+def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -> Job:
+    from pretrainlab.evaluation import ner
+    from pretrainlab.evaluation.tagging import TokenTagger, WordsDataset, collate_words, encode_words, label_set
+
+    t0 = time.time()
+    n = cfg.ner
+    synthetic = OmegaConf.to_container(n.synthetic, resolve=True) if n.get("synthetic") else None
+    splits, digests = ner.load(n.source, n.data_dir, cfg.cache_dir, synthetic, n.get("max_train_examples"),
+                               n.get("max_eval_examples"))
+    labels = label_set(splits["train"])
+    label_ids = {label: i for i, label in enumerate(labels)}
+    train = encode_words(splits["train"], model.tokenizer, model.tokens, cfg.task.max_seq_len, label_ids)
+    dev = encode_words(splits["validation"], model.tokenizer, model.tokens, cfg.task.max_seq_len)
+    gold = [tags for _, tags in splits["validation"]]
+    log.info("ner: %d train sentences (%d pieces), %d dev sentences (%d pieces), %d labels, loaded in %.1fs",
+             len(splits["train"]), len(train), len(gold), len(dev), len(labels), time.time() - t0)
+    world = world_size(cfg)
+    per_device = cfg.task.batch_size // world
+    pad = model.tokens.pad_id
+    gen = torch.Generator().manual_seed(cfg.seed)
+    multiple = 8 if compile_ else 1
+    train_loader = torch.utils.data.DataLoader(
+        WordsDataset(train), batch_size=per_device, shuffle=True, generator=gen, num_workers=cfg.num_workers,
+        worker_init_fn=worker_init, collate_fn=functools.partial(collate_words, pad_id=pad, multiple=multiple))
+    # under DDP every rank's predictions are gathered: one width for all
+    width = cfg.task.max_seq_len if world > 1 else None
+    eval_loader_ = torch.utils.data.DataLoader(
+        WordsDataset(dev), batch_size=per_device * 2, sampler=sorted(range(len(dev)), key=lambda i: len(dev.ids[i])),
+        num_workers=cfg.num_workers, worker_init_fn=worker_init,
+        collate_fn=functools.partial(collate_words, pad_id=pad, length=width, multiple=multiple))
+    steps_per_epoch = math.ceil(len(train) / cfg.task.batch_size)
+    module = TokenTagger(model.encoder, labels, optim, steps_per_epoch * cfg.task.epochs, dev, gold,
+                         cfg.task.classifier_dropout, compile=compile_)
+    return Job(module, train_loader, [eval_loader_], steps_per_epoch, {"validation": len(gold)},
+               {"train_examples": len(splits["train"]), "labels": labels, "no_skill": {"f1": 0.0},
+                "data": {"source": n.source, "files": digests}})
+
+
+def _run(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim, results_path: Path,
+         resume_hint: str) -> dict[str, Any]:
+    run_dir = script.dir
+    script.start()
+    model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
+    max_pos = model.encoder.config.max_position_embeddings
+    if cfg.task.max_seq_len > max_pos:
+        raise ConfigError(f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
+                          f"lower task.max_seq_len.")
+    t0 = time.time()
+    if not task.fine_tuned:
+        return _run_frozen(cfg, script, task, model, results_path, resume_hint, t0)
+
+    compile_ = compile_options(cfg)
+    job = (_glue_job if task.kind == "glue" else _ner_job)(cfg, model, optim, compile_)
+    module = job.module
+    total_steps = job.steps_per_epoch * cfg.task.epochs
     script.save_config()
-    logger = script.build_logger(
-        name=f"{spec.name}-{model.label}-s{cfg.seed}", group=model.source.get("wandb_group") or model.label,
-        job_type="finetune",
-        extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label}
-        | {f"eval_examples.{s}": len(e) for s, e in zip(eval_names, encoded_eval)},
-    )
+    logger = _logger(script, task, model, cfg.seed, job.eval_examples)
     stopper = SaveOnSignal(None)
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_epochs=cfg.task.epochs, default_root_dir=str(run_dir), logger=logger,
         callbacks=[stopper, *script.callbacks()],
         limit_val_batches=1.0, num_sanity_val_steps=0, check_val_every_n_epoch=1, enable_checkpointing=False,
         gradient_clip_val=optim.grad_clip, log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10),
-                                                                 steps_per_epoch),
+                                                                 job.steps_per_epoch),
     )
     try:
-        fit(trainer, stopper, module, train_dataloaders=train_loader, val_dataloaders=eval_loaders)
+        fit(trainer, stopper, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
         if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
             script.exit_code = stopper.exit_code
             log.warning("%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
-                        "with:\n  %s", signal_name(stopper.signum), spec.name, cfg.seed, trainer.global_step,
+                        "with:\n  %s", signal_name(stopper.signum), task.name, cfg.seed, trainer.global_step,
                         total_steps, resume_hint)
             raise SystemExit(script.exit_code)
         if not module.history:
@@ -145,35 +210,68 @@ def _run(cfg: DictConfig, script: RunScript, spec, optim, results_path: Path, re
         diverged = {k: v for k, v in final.items() if not math.isfinite(v)}
         if diverged:
             raise FloatingPointError(
-                f"{spec.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
+                f"{task.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
                 f"): fine-tuning diverged. No results were written; lower task.lr (it is {cfg.task.lr}) or check the "
                 f"encoder.")
-        result = {
-            "task": spec.name, "seed": cfg.seed, "label": model.label, "metrics": final,
-            "score": task_score(final), "reported_epoch": "last", "history": module.history,
-            "pretrained": model.source, "train_examples": len(encoded_train),
-            "eval_examples": {s: len(e) for s, e in zip(eval_names, encoded_eval)},
-            "no_skill": {f"{m}{suffix}": v for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
-                         for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels,
-                                              spec.is_regression).items()},
-            "data": {"source": glue.source, "files": digests},
-            "steps": trainer.global_step, "runtime_s": round(time.time() - t0, 2),
-            "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir),
-        }
+        result = _result(cfg, task, model, final, t0, run_dir, {
+            "reported_epoch": "last", "history": module.history, "eval_examples": job.eval_examples,
+            **job.fields, **({"detail": module.detail} if getattr(module, "detail", None) else {}),
+            "steps": trainer.global_step})
         if trainer.is_global_zero:
             atomic.write_json(results_path, result)
             if logger:
                 _log_summary(logger, result)
-        log.info("%s %s seed %d: %s (score %.2f)", spec.name, model.label, cfg.seed,
+        log.info("%s %s seed %d: %s (score %.2f)", task.name, model.label, cfg.seed,
                  ", ".join(f"{k} {v:.4f}" for k, v in final.items()), result["score"])
         script.exit_code = 0
     finally:
         script.finish()
     if stopper.signum is not None:  # the signal came during the last evaluation: the results are complete
         log.warning("%s: fine-tuning of %s (seed %d) had finished; its results are written. Stopping.",
-                    signal_name(stopper.signum), spec.name, cfg.seed)
+                    signal_name(stopper.signum), task.name, cfg.seed)
         raise SystemExit(stopper.exit_code)
     return result
+
+
+def _run_frozen(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, model: Pretrained,
+                results_path: Path, resume_hint: str, t0: float) -> dict[str, Any]:
+    """A task that trains nothing of the encoder: zero-shot minimal pairs, frozen-feature probes."""
+    script.save_config()
+    try:
+        with exit_on_signal(f"{task.name} on {model.label}", resume_hint):
+            if task.kind == "blimp":
+                from pretrainlab.evaluation.blimp import run_task
+            else:
+                from pretrainlab.evaluation.probes import run_task
+            fields = run_task(cfg, model)
+        result = _result(cfg, task, model, fields.pop("metrics"), t0, script.dir, fields)
+        logger = _logger(script, task, model, cfg.seed, fields.get("eval_examples") or {})
+        if logger:
+            logger.log_metrics({f"val/{k}": v for k, v in result["metrics"].items()})
+            _log_summary(logger, result)
+        atomic.write_json(results_path, result)
+        log.info("%s %s: %s (score %.2f)", task.name, model.label,
+                 ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()), result["score"])
+        script.exit_code = 0
+    finally:
+        script.finish()
+    return result
+
+
+def _logger(script: RunScript, task: evaluations.Evaluation, model: Pretrained, seed: int, eval_examples: dict):
+    return script.build_logger(
+        name=f"{task.name}-{model.label}-s{seed}", group=model.source.get("wandb_group") or model.label,
+        job_type="finetune",
+        extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label}
+        | {f"eval_examples.{s}": n for s, n in eval_examples.items()},
+    )
+
+
+def _result(cfg: DictConfig, task: evaluations.Evaluation, model: Pretrained, metrics: dict, t0: float,
+            run_dir: Path, fields: dict) -> dict[str, Any]:
+    return {"task": task.name, "seed": cfg.seed, "label": model.label, "metrics": metrics,
+            "score": task_score(metrics), **fields, "pretrained": model.source, "runtime_s": round(time.time() - t0, 2),
+            "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir)}
 
 
 def _log_summary(logger, result: dict) -> None:

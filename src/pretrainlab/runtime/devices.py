@@ -105,5 +105,20 @@ def refuse_multirun_ddp(cfg: DictConfig) -> None:
         )
 
 
-__all__ = ["batch_split", "check_precision", "compile_options", "refuse_multirun_ddp", "set_matmul_precision",
+def inference_device(cfg: DictConfig) -> torch.device:
+    """Where a task that trains nothing (zero-shot scoring, feature extraction) runs: the GPU when
+    there is one and the trainer config allows it, else the CPU."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto")) if cfg.get("trainer") else "auto"
+    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def inference_autocast(cfg: DictConfig, device: torch.device):
+    """bf16 autocast on a GPU when the trainer's precision is bf16, else nothing."""
+    precision = str(cfg.trainer.get("precision", "32")) if cfg.get("trainer") else "32"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and "bf16" in precision)
+
+
+__all__ = ["inference_autocast", "inference_device", "batch_split", "check_precision", "compile_options", "refuse_multirun_ddp", "set_matmul_precision",
            "static_shapes", "uses_cuda", "world_size"]

@@ -1,0 +1,325 @@
+"""Zero-shot minimal pairs (BLiMP, Warstadt et al., 2020).
+
+A minimal pair is an acceptable sentence and an unacceptable one that differ in one point of grammar.
+Nothing is trained: the pretraining objective scores both sentences the way its pretraining defines a
+likelihood (``Objective.sentence_scores``: pseudo-log-likelihood for masked LMs, the discriminator's
+"every token is original" for ELECTRA), and the pair counts as right when the acceptable sentence
+scores higher (strictly: a tie is wrong, as the paper's definition; ties are counted).
+
+Data: the hub (``nyu-mll/blimp``, one config per paradigm), a local folder of the 67
+``<paradigm>.jsonl`` files as the authors release them, or minimal pairs generated in the synthetic
+language (:func:`synthetic_pairs`, written in the same layout and read back the same way).
+
+Accuracy is reported over all pairs, per field (morphology, syntax, semantics, syntax_semantics; the
+release spells one paradigm's field ``syntax/semantics``: it is counted with syntax_semantics), per
+phenomenon (the release's ``linguistics_term``: 13 values, where the paper counts the two s-selection
+paradigms under argument structure) and per paradigm. Each pair's outcome is kept (``items``), so
+that encoders are compared on the same pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from pretrainlab import atomic
+from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
+from pretrainlab.tokens import SpecialTokens
+
+log = logging.getLogger("pretrainlab")
+
+HUB_DATASET = "nyu-mll/blimp"
+FIELDS = ("sentence_good", "sentence_bad", "field", "linguistics_term", "UID", "pairID")
+
+
+class BlimpDataError(ValueError):
+    """A minimal-pairs file that does not have BLiMP's layout."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    paradigm: str     # the release's UID (one file per paradigm)
+    field: str
+    phenomenon: str   # the release's linguistics_term
+    pair_id: int
+    good: str
+    bad: str
+
+
+def _pair(row: dict, where: str) -> Pair:
+    missing = [k for k in FIELDS if k not in row]
+    if missing:
+        raise BlimpDataError(f"{where}: no {', '.join(missing)} (a BLiMP line has {', '.join(FIELDS)}).")
+    try:
+        pair_id = int(row["pairID"])
+    except (TypeError, ValueError):
+        raise BlimpDataError(f"{where}: pairID {row['pairID']!r} is not a number.") from None
+    field = str(row["field"]).replace("/", "_")  # principle_A_case_2 spells it syntax/semantics
+    return Pair(str(row["UID"]), field, str(row["linguistics_term"]), pair_id, str(row["sentence_good"]),
+                str(row["sentence_bad"]))
+
+
+def read_local(data_dir: str | Path) -> list[Pair]:
+    """Every ``*.jsonl`` file of ``data_dir`` (one paradigm each), read completely or not at all."""
+    root = Path(os.path.expanduser(str(data_dir)))
+    files = sorted(root.glob("*.jsonl")) if root.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"blimp.data_dir={data_dir}: no .jsonl files there. Point it at a folder of BLiMP's "
+                                f"paradigm files (<paradigm>.jsonl, as in the release's data/ folder).")
+    pairs = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise BlimpDataError(f"{f}, line {n}: not a JSON object ({e}); repair the file (or fetch it again).") \
+                    from None
+            pairs.append(_pair(row, f"{f}, line {n}"))
+    return pairs
+
+
+def read_hub(dataset: str = HUB_DATASET) -> list[Pair]:
+    """All paradigms of ``dataset`` on the Hugging Face hub (one config each)."""
+    if not hub_offline() and not hub_reachable():
+        log.info("the Hugging Face hub is not reachable: looking for %s in the datasets cache only", dataset)
+        go_offline()
+    from datasets import get_dataset_config_names, load_dataset
+
+    try:
+        names = get_dataset_config_names(dataset)
+        pairs = [_pair(row, f"{dataset}/{name}") for name in sorted(names) for row in load_dataset(dataset, name,
+                                                                                                     split="train")]
+    except Exception as e:  # noqa: BLE001 - offline, or no such dataset
+        raise ConnectionError(f"could not load BLiMP from the Hugging Face hub ({dataset}): {e}. Offline, point "
+                              f"blimp.data_dir at a folder of the 67 paradigm files, or use blimp.source=synthetic.") \
+            from e
+    return pairs
+
+
+# --- minimal pairs in the synthetic language ------------------------------------------------------------
+SYNTHETIC_VERSION = 1
+# paradigm -> (field, phenomenon)
+SYNTHETIC_PARADIGMS = {
+    "subject_verb_agreement": ("morphology", "subject_verb_agreement"),
+    "determiner_noun_agreement": ("morphology", "determiner_noun_agreement"),
+    "verb_object_order": ("syntax", "word_order"),
+    "verb_as_argument": ("syntax", "argument_structure"),
+    "selectional_preference": ("semantics", "selectional_preference"),
+}
+
+
+@dataclass(frozen=True)
+class SyntheticPairs:
+    """Minimal pairs in the synthetic language (``pretrainlab.data.synthetic``), one file per paradigm:
+
+    - subject_verb_agreement: the verb's particle disagrees with its subject (``ta``/``ti``);
+    - determiner_noun_agreement: the object's particle disagrees with its determiner (``a ... ki``);
+    - verb_object_order: the object before the verb;
+    - verb_as_argument: a verb in the object's place;
+    - selectional_preference: the verb's favourite object against a noun of another topic (both
+      grammatical; only co-occurrence in pretraining tells them apart).
+
+    Both sentences of a pair have the same number of words."""
+
+    seed: int = 0
+    pairs: int = 1000
+    language_seed: int = 0
+    num_topics: int = 8
+
+    def key(self) -> str:
+        return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
+
+    def generate(self) -> dict[str, list[dict]]:
+        from pretrainlab.glue.synthetic import _World, render
+        from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
+
+        rng = random.Random(f"blimp-{self.seed}")
+        w = _World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
+        out: dict[str, list[dict]] = {name: [] for name in SYNTHETIC_PARADIGMS}
+        for name, (field, phenomenon) in SYNTHETIC_PARADIGMS.items():
+            while len(out[name]) < self.pairs:
+                t = w.topic()
+                c = replace(w.clause(t, prep=False), stage=None)
+                good = c.words()
+                if name == "subject_verb_agreement":
+                    bad = c.words(verb_agreement=False)
+                elif name == "determiner_noun_agreement":  # the object's particle only
+                    bad = list(good)
+                    bad[len(good) - 1] = NOUN_NUMBER[not c.obj_pl]
+                elif name == "verb_object_order":
+                    k = good.index(c.verb)
+                    bad = good[:k] + good[k + 2:] + [c.verb, VERB_AGREEMENT[c.subj_pl]]
+                elif name == "verb_as_argument":
+                    bad = list(good)
+                    bad[len(good) - 2] = w.verb(t, avoid=c.verb)
+                else:
+                    preferred = w.lex.prefs.get(c.verb) or []
+                    others = [n for u, topic in enumerate(w.lex.topics) if u != t for n in topic["nouns"]]
+                    if not preferred or not others:
+                        continue
+                    good = replace(c, obj=rng.choice(preferred)).words()
+                    bad = replace(c, obj=rng.choice(others)).words()
+                if good == bad:
+                    continue
+                out[name].append({"sentence_good": render(good), "sentence_bad": render(bad), "field": field,
+                                  "linguistics_term": phenomenon, "UID": name, "pairID": str(len(out[name]))})
+        return out
+
+    def write(self, cache_dir: str | Path) -> Path:
+        """The pairs as ``<paradigm>.jsonl`` files in ``<cache_dir>/blimp-synthetic/<key>/`` (written once)."""
+        final = Path(os.path.expanduser(str(cache_dir))) / "blimp-synthetic" / self.key()
+        if final.is_dir():
+            return final
+
+        def build(tmp: Path) -> None:
+            for name, rows in self.generate().items():
+                (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+        return atomic.build_dir(final, build, replace=False)
+
+
+def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
+    """The local folder the pairs are read from (the synthetic ones are generated into the cache
+    first); None for the hub."""
+    if source == "auto":
+        source = "local" if data_dir else "hub"
+    if source == "local":
+        if not data_dir:
+            raise ValueError("blimp.source=local needs blimp.data_dir=<folder of the paradigm .jsonl files>.")
+        return Path(os.path.expanduser(str(data_dir)))
+    if source == "hub":
+        return None
+    if source == "synthetic":
+        return SyntheticPairs(**(synthetic or {})).write(cache_dir)
+    raise ValueError(f"blimp.source={source!r}: expected auto, hub, local or synthetic.")
+
+
+def load_pairs(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None = None,
+               max_pairs: int | None = None) -> tuple[list[Pair], dict[str, str] | None]:
+    """The pairs (the first ``max_pairs`` of each paradigm when set) and the sha256 of the files
+    they were read from (None from the hub)."""
+    root = data_root(source, data_dir, cache_dir, synthetic)
+    pairs = read_hub() if root is None else read_local(root)
+    digests = None if root is None else {f.name: file_digest(f) for f in sorted(root.glob("*.jsonl"))}
+    if max_pairs is not None:
+        kept, count = [], {}
+        for p in pairs:
+            count[p.paradigm] = count.get(p.paradigm, 0) + 1
+            if count[p.paradigm] <= max_pairs:
+                kept.append(p)
+        pairs = kept
+    return pairs, digests
+
+
+# --- scoring --------------------------------------------------------------------------------------------
+def encode(texts: list[str], tokenizer: Tokenizer, tokens: SpecialTokens, max_seq_len: int) -> list[np.ndarray]:
+    """``[CLS] text [SEP]`` as token ids, as the encoder saw single segments in pretraining."""
+    out = []
+    for text, e in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=False)):
+        ids = np.asarray([tokens.cls_id, *e.ids, tokens.sep_id], dtype=np.int64)
+        if len(ids) > max_seq_len:
+            raise ValueError(f"the sentence {text[:60]!r} is {len(ids)} tokens long, more than task.max_seq_len="
+                             f"{max_seq_len}: raise it (up to the encoder's positions).")
+        out.append(ids)
+    return out
+
+
+def score(objective, encoder, sequences: list[np.ndarray], max_tokens: int, progress: bool = True) -> np.ndarray:
+    """``objective.sentence_scores`` of every sequence, in chunks of sequences of similar length
+    (a progress bar over sentences)."""
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    scores = np.empty(len(sequences), dtype=np.float64)
+    chunk = 4096
+    with tqdm(total=len(sequences), desc="scoring sentences", unit="sent", disable=not progress) as bar:
+        for start in range(0, len(order), chunk):
+            idx = order[start:start + chunk]
+            scores[idx] = objective.sentence_scores(encoder, [sequences[i] for i in idx], max_tokens)
+            bar.update(len(idx))
+    return scores
+
+
+def breakdown(pairs: list[Pair], correct: np.ndarray) -> dict[str, dict[str, dict]]:
+    """Accuracy and pair count per field, phenomenon and paradigm."""
+    out: dict[str, dict[str, dict]] = {}
+    for level, key in (("field", lambda p: p.field), ("phenomenon", lambda p: p.phenomenon),
+                       ("paradigm", lambda p: p.paradigm)):
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(pairs):
+            groups.setdefault(key(p), []).append(i)
+        out[level] = {name: {"accuracy": float(correct[idx].mean()), "pairs": len(idx)}
+                      for name, idx in sorted(groups.items())}
+    return out
+
+
+def evaluate(objective, encoder, tokenizer: Tokenizer, tokens: SpecialTokens, pairs: list[Pair], max_seq_len: int,
+             max_tokens: int = 8192, progress: bool = True) -> dict:
+    """Score every pair; the metrics, the breakdown and each pair's outcome (``items``: per
+    paradigm, a string of 0/1 in the order of its pairs; ``paradigms``: each paradigm's field and
+    phenomenon)."""
+    t0 = time.perf_counter()
+    if hasattr(objective, "eval"):
+        objective.eval()
+    encoder.eval()
+    good = encode([p.good for p in pairs], tokenizer, tokens, max_seq_len)
+    bad = encode([p.bad for p in pairs], tokenizer, tokens, max_seq_len)
+    with torch.no_grad():
+        scores = score(objective, encoder, good + bad, max_tokens, progress)
+    g, b = scores[: len(pairs)], scores[len(pairs):]
+    correct = g > b
+    items: dict[str, list[str]] = {}
+    for p, c in zip(pairs, correct):
+        items.setdefault(p.paradigm, []).append("1" if c else "0")
+    seconds = time.perf_counter() - t0
+    groups = {p.paradigm: [p.field, p.phenomenon] for p in pairs}
+    return {"metrics": {"accuracy": float(correct.mean())}, "breakdown": breakdown(pairs, correct),
+            "items": {k: "".join(v) for k, v in items.items()}, "paradigms": groups, "pairs": len(pairs),
+            "ties": int((g == b).sum()),
+            "sentences_per_s": round(2 * len(pairs) / seconds, 1), "scoring_s": round(seconds, 2)}
+
+
+__all__ = ["BlimpDataError", "Pair", "SYNTHETIC_PARADIGMS", "SyntheticPairs", "breakdown", "data_root", "encode", "run_task",
+           "evaluate", "load_pairs", "read_hub", "read_local", "score"]
+
+
+def run_task(cfg, model) -> dict:
+    """``task=blimp`` on ``model`` (a ``finetuning.encoders.Pretrained``): the objective it was
+    pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
+    seeded), scores every pair. Returns the results' fields."""
+    from omegaconf import OmegaConf
+
+    from pretrainlab.export.native import load_objective
+    from pretrainlab.model.encoder import ConfigError
+    from pretrainlab.runtime.devices import inference_autocast, inference_device
+
+    if str(cfg.pretrained).startswith("hf:"):
+        raise ConfigError(f"task=blimp scores sentences with the pretraining objective's own heads, and "
+                          f"pretrained={cfg.pretrained} is imported without them: evaluate a pretrainlab encoder.")
+    torch.manual_seed(cfg.seed)  # the scratch baseline's heads
+    objective = load_objective(cfg.pretrained, model.encoder, model.tokens, weights=cfg.init != "scratch")
+    b = cfg.blimp
+    synthetic = OmegaConf.to_container(b.synthetic, resolve=True) if b.get("synthetic") else None
+    pairs, digests = load_pairs(b.source, b.data_dir, cfg.cache_dir, synthetic, b.get("max_pairs"))
+    device = inference_device(cfg)
+    encoder = model.encoder.to(device)
+    objective.to(device)
+    log.info("blimp: %d pairs in %d paradigms, scored by %s on %s", len(pairs), len({p.paradigm for p in pairs}),
+             type(objective).__name__, device)
+    with inference_autocast(cfg, device):
+        out = evaluate(objective, encoder, model.tokenizer, model.tokens, pairs, cfg.task.max_seq_len,
+                       cfg.task.get("max_tokens", 8192), progress=bool(cfg.trainer.get("enable_progress_bar", True)))
+    log.info("blimp: %.1f sentences/s (%.0fs)", out["sentences_per_s"], out["scoring_s"])
+    return {**out, "eval_examples": {"pairs": len(pairs)}, "data": {"source": b.source, "files": digests}}
