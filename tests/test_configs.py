@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 import torch
 from hydra.utils import instantiate
 
@@ -28,12 +29,17 @@ def test_groups_are_found():
 
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_instantiates(group, option, tmp_path):
-    if group == "task":  # fine-tuning recipes belong to conf/finetune.yaml
-        from pretrainlab.glue.tasks import get_task
+    if group == "task":  # evaluation tasks belong to conf/finetune.yaml
+        from pretrainlab.evaluation.tasks import get
+        from pretrainlab.runtime.settings import check_finetuning
 
         cfg = compose_config("finetune", f"task={option}", "pretrained=x")
-        assert get_task(cfg.task.name).name == option
-        assert cfg.task.lr > 0 and cfg.task.batch_size > 0 and cfg.task.epochs > 0 and cfg.task.max_seq_len > 0
+        task = get(cfg.task.name)
+        assert task.name == option and cfg.task.max_seq_len > 0
+        check_finetuning(cfg)
+        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves (the optimizer's too)
+        if task.kind != "blimp":  # what trains (the encoder, or probes) has a recipe
+            assert cfg.task.lr > 0 and cfg.task.batch_size > 0 and cfg.task.epochs > 0
         return
     cfg = compose_train(f"{group}={option}", *REQUIRED.get((group, option), []))
     node = cfg[group]
@@ -153,4 +159,4 @@ def test_help_lists_the_groups_each_entry_point_composes():
     assert "model: albert_base, base, electra_small, large, medium, mini, small, tiny" in train.stdout
     finetune = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
-    assert finetune.returncode == 0 and "task: cola," in finetune.stdout
+    assert finetune.returncode == 0 and "task: blimp, cola," in finetune.stdout

@@ -98,3 +98,39 @@ def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     assert cells["roberta"]["sst2"]["score"][0] > 90 > cells["scratch"]["sst2"]["no_skill"] + 30
     assert cells["scratch"]["sst2"]["score"][0] < 70  # scratch knows nothing of the dev set's words
     assert table["glue"]["roberta"]["score"][0] > table["glue"]["scratch"]["score"][0] + 15
+
+
+@pytest.mark.slow
+def test_a_study_reports_every_evaluation_with_intervals_and_tests(tmp_path):
+    """evals=[glue, ner, blimp, probes]: every encoder (and scratch) on each, one report with a column
+    per task, BLiMP by field with intervals over pairs, the probes layer by layer, and the differences
+    against the baseline with the test each evaluation calls for."""
+    from pretrainlab.studies.ablation import run_study
+
+    pretrain = [*SMALL, "max_steps=200", "val_every=200", "checkpoint_every=200"]
+    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.2", "blimp.source=synthetic", "blimp.synthetic.pairs=200",
+            "ner.source=synthetic", "ner.synthetic.scale=0.3", "task_overrides.epochs=2", "task_overrides.lr=1.0e-3",
+            "logger=csv", "trainer.enable_progress_bar=false"]
+    quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    table = run_study(compose_config(
+        "ablate", "study=evals", f"output_root={tmp_path}", "objectives=[roberta]", "seeds=[0]", "intrinsic=false",
+        "evals=[glue,ner,blimp,probes]", "glue.tasks=[sst2]", "glue.seeds=[0,1]", "baseline=scratch",
+        f"pretrain={quoted(pretrain)}", f"glue.overrides={quoted(glue)}"))
+    report = tmp_path / "evals" / "report"
+    assert table["tasks"] == ["sst2", "ner", "blimp", "probe_ner", "probe_sst2"]
+    assert table["labels"] == ["roberta", "scratch"]
+    md = (report / "comparison.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| encoder"))
+    assert header.split(" | ")[1:4] == ["SST-2 (acc)", "GLUE", "NER (F1)"] and "BLiMP (acc)" in header
+    assert "BLiMP by field" in md and "NER probe: frozen-feature probes" in md
+    blimp = table["cells"]["roberta"]["blimp"]["summary"]
+    assert blimp["ci"][0] < blimp["mean"] < blimp["ci"][1] and blimp["ci"][1] - blimp["ci"][0] < 10
+    diff = table["differences"]["roberta"]
+    assert diff["blimp"]["test"] == "McNemar (exact) over items" and diff["blimp"]["mean"] > 10 and diff["blimp"]["p"] < 1e-3
+    assert diff["ner"]["test"] == "paired t over seeds" and diff["probe_ner"]["pairs"] == 2
+    for name in ("blimp.md", "probes.md", "probes.png", "comparison.png"):
+        assert (report / name).is_file()
+    assert "| verb_object_order | 200 |" in (report / "blimp.md").read_text()
+    run = tmp_path / "evals" / "pretrain" / "roberta-s0"
+    assert (run / "eval" / "blimp" / "seed0.json").is_file() and (run / "eval-scratch" / "ner" / "seed1.json").is_file()
+    assert (run / "glue" / "sst2" / "seed1.json").is_file()

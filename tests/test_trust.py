@@ -421,5 +421,5 @@ def test_a_study_refuses_results_left_by_an_encoder_that_is_gone_before_pretrain
     shutil.rmtree(tmp_path / "s" / "pretrain" / "roberta-s0" / "encoder")
     shutil.rmtree(tmp_path / "s" / "pretrain" / "roberta-s0" / "checkpoints")
     monkeypatch.setattr("pretrainlab.pretraining.run.run", never)
-    with pytest.raises(ResultError, match="holds GLUE results .* but no encoder"):
+    with pytest.raises(ResultError, match="holds evaluation results .* but no encoder"):
         run_study(study(tmp_path))

@@ -31,13 +31,14 @@ from pretrainlab.glue import stats
 from pretrainlab.glue.results import (
     LEGACY, ResultError, check_encoder, is_result, is_results_file, read_result, settings_of,
 )
-from pretrainlab.glue.tasks import TASKS, display_name, task_score
+from pretrainlab.evaluation import report
+from pretrainlab.evaluation.tasks import EVALUATIONS, ORDER, display_name, is_glue
+from pretrainlab.glue.tasks import task_score
 from pretrainlab.runtime.provenance import describe, differences
 
 log = logging.getLogger("pretrainlab")
 
 EXCLUDED_FROM_GLUE_SCORE = ("wnli",)
-ORDER = list(TASKS)
 
 
 class CompareError(ValueError):
@@ -156,12 +157,12 @@ def check_current_encoder(result: dict, path: Path, identities: dict) -> None:
 
 def _encoder_dir(recorded: str | None, results_file: Path) -> Path | None:
     """The export directory of a result's encoder: for a suite's results
-    (``<run or export>/glue*/<task>/seed<k>.json``) the encoder beside them (a copied run directory
+    (``<run or export>/{glue,eval}*/<task>/seed<k>.json``) the encoder beside them (a copied run directory
     still records the original's path), else where it was recorded."""
     from pretrainlab.export import resolve_export_dir
 
     candidates = []
-    if len(results_file.parents) > 2 and results_file.parents[1].name.startswith("glue"):
+    if len(results_file.parents) > 2 and results_file.parents[1].name.startswith(("glue", "eval")):
         candidates.append(results_file.parents[2])
     if recorded:
         candidates.append(Path(recorded))
@@ -319,6 +320,7 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
 
     # row -> task (or "glue") -> {pretraining seed: {fine-tuning seed: score}}, for paired differences
     seeded: dict = defaultdict(dict)
+    items: dict = defaultdict(dict)  # row -> zero-shot task -> {pretraining seed: outcome per item}
     cells: dict = {}
     for label in labels:
         cells[label] = {}
@@ -328,17 +330,25 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
             for m in names:
                 mean, sd_ft, sd_pt = two_level({e: [100.0 * r["metrics"][m] for r in rs] for e, rs in per_encoder.items()})
                 metric_stats[m], pretrain_sd[m] = (mean, sd_ft), sd_pt
-            summary = stats.summarize({e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method, rng)
-            pretrain_sd["score"] = summary.sd_pt
             runs = [r for rs in per_encoder.values() for r in rs]
+            if runs[0].get("items"):  # zero-shot items (minimal pairs): intervals over items (and encoders)
+                summary = stats.summarize_items({e: item_outcomes(rs[0]) for e, rs in per_encoder.items()}, level,
+                                                rng=rng)
+                items[label][task] = {encoders[label][e]["pretrain_seed"]: item_outcomes(rs[0])
+                                      for e, rs in per_encoder.items()}
+            else:
+                summary = stats.summarize({e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method,
+                                          rng)
+            pretrain_sd["score"] = summary.sd_pt
             cells[label][task] = {"metrics": metric_stats, "score": (summary.mean, summary.sd_ft),
                                   "pretrain_sd": pretrain_sd, "summary": summary.to_dict(),
                                   "seeds": sorted(r["seed"] for r in runs), "encoders": len(per_encoder),
                                   "no_skill": task_score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
-                                  "eval_examples": runs[0].get("eval_examples")}
+                                  "eval_examples": runs[0].get("eval_examples"), "items": bool(runs[0].get("items"))}
             seeded[label][task] = {encoders[label][e]["pretrain_seed"]: {r["seed"]: score(r) for r in rs}
                                    for e, rs in per_encoder.items()}
-    glue_tasks = [t for t in tasks if t not in EXCLUDED_FROM_GLUE_SCORE and all(t in cells[lb] for lb in labels)]
+    glue_tasks = [t for t in tasks if is_glue(t) and t not in EXCLUDED_FROM_GLUE_SCORE
+                  and all(t in cells[lb] for lb in labels)]
     glue = {}
     for label in labels:
         if not glue_tasks:
@@ -365,12 +375,20 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
         for label in labels:
             if label == baseline:
                 continue
-            differences[label] = {t: stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)
-                                  .to_dict() for t in [*tasks, "glue"] if t in seeded[label] and t in seeded[baseline]}
+            differences[label] = {
+                t: (stats.item_difference(items[label][t], items[baseline][t], level, rng=rng)
+                    if t in items[label] and t in items[baseline]
+                    else stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)).to_dict()
+                for t in [*tasks, "glue"] if t in seeded[label] and t in seeded[baseline]}
     return {"labels": labels, "tasks": tasks, "cells": cells, "glue": glue, "glue_tasks": glue_tasks,
             "encoders": {label: list(encoders[label].values()) for label in labels},
             "interval": {"level": level, "method": method}, "baseline": baseline, "differences": differences,
             "seeds_needed": seeds_needed(cells, labels, tasks)}
+
+
+def item_outcomes(result: dict) -> np.ndarray:
+    """A zero-shot result's outcome (0/1) per item, its groups (paradigms) in sorted order."""
+    return np.frombuffer("".join(result["items"][k] for k in sorted(result["items"])).encode(), dtype=np.uint8) - 48
 
 
 DELTAS = (1.0, 2.0, 5.0)  # score points
@@ -400,9 +418,13 @@ def _interval(ci) -> str:
 
 
 def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | None, n: int | None,
-          expected: int) -> str:
+          expected: int, items: bool = False) -> str:
     """mean ± sd [sd over pretraining seeds] (interval), and the number of runs when it is fewer than
-    the row should have (``expected``); a single run is shown as what it is, without a spread."""
+    the row should have (``expected``); a single run is shown as what it is, without a spread. A
+    zero-shot cell (``items``): the mean [sd over pretraining seeds] (interval over items)."""
+    if items:
+        return f"{ms[0]:.1f}" + (f" [{pretrain_sd:.1f}]" if pretrain_sd is not None else "") + _interval(
+            summary["ci"] if summary else None)
     if n is None:  # a GLUE score with no fine-tuning seed in every task: no spread to show
         return f"{ms[0]:.1f} (mean of task means)"
     if n == 1:
@@ -413,25 +435,45 @@ def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | No
     return text + _interval(summary["ci"] if summary else None) + (f" (n={n})" if n < expected else "")
 
 
-def to_markdown(table: dict) -> str:
+def columns(table: dict) -> list[str]:
+    """The table's columns in order: GLUE's tasks, the GLUE score (``glue``), then the other tasks."""
     tasks = table["tasks"]
-    header = ["encoder"] + [f"{display_name(t)} ({'/'.join(_metric_short(m) for m in TASKS[t].metric_names())})"
-                            for t in tasks] + ["GLUE"]
+    glue = [t for t in tasks if is_glue(t)]
+    return glue + (["glue"] if table["glue"] else []) + [t for t in tasks if not is_glue(t)]
+
+
+def _header(column: str) -> str:
+    if column == "glue":
+        return "GLUE"
+    return f"{display_name(column)} ({'/'.join(_metric_short(m) for m in EVALUATIONS[column].metrics)})"
+
+
+def to_markdown(table: dict) -> str:
+    cols = columns(table)
+    header = ["encoder"] + [_header(c) for c in cols]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    per_encoder = max((len(set(c["seeds"])) for lb in table["labels"] for c in table["cells"][lb].values()), default=0)
-    short = False
+    seeded_cells = [c for lb in table["labels"] for c in table["cells"][lb].values() if not c.get("items")]
+    per_encoder = max((len(set(c["seeds"])) for c in seeded_cells), default=1)
+    short = zero_shot = False
     for label in table["labels"]:
         row = [label]
-        expected = per_encoder * max(1, len(table.get("encoders", {}).get(label, [])))
-        for t in tasks:
-            c = table["cells"][label].get(t)
+        encoders = max(1, len(table.get("encoders", {}).get(label, [])))
+        for col in cols:
+            if col == "glue":
+                g = table["glue"].get(label)
+                n = (g.get("summary") or {}).get("n") if g else None
+                row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders) if g else "–")
+                short |= bool(g) and (n is None or n < per_encoder * encoders)
+                continue
+            c = table["cells"][label].get(col)
+            if c and c.get("items"):  # zero-shot: one run per encoder, the interval over items
+                zero_shot = True
+                row.append(_cell(c["summary"], c["score"], c["pretrain_sd"]["score"], None, 1, items=True))
+                continue
+            expected = per_encoder * encoders
             row.append(_cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected)
                        if c else "–")
             short |= bool(c) and len(c["seeds"]) < expected
-        g = table["glue"].get(label)
-        n = (g.get("summary") or {}).get("n") if g else None
-        row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"], n, expected) if g else "–")
-        short |= bool(g) and (n is None or n < expected)
         lines.append("| " + " | ".join(row) + " |")
     seeds = [per_encoder]
     encoders = sorted({len(v) for v in table.get("encoders", {}).values()})
@@ -448,11 +490,17 @@ def to_markdown(table: dict) -> str:
                  f"its metrics), mean ± std over {'/'.join(map(str, seeds))} fine-tuning seed(s){pretrain}; "
                  f"({pct} confidence interval, {how}"
                  + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
-                 + f"). GLUE = mean task score over "
-                 f"{', '.join(display_name(t) for t in table['glue_tasks']) or 'no common task'}; WNLI excluded as in "
-                 f"BERT."
+                 + (f"). GLUE = mean task score over "
+                    f"{', '.join(display_name(t) for t in table['glue_tasks'])}; WNLI excluded as in BERT."
+                    if table["glue_tasks"] else ").")
+                 + (" Zero-shot tasks (BLiMP) are scored once per encoder: their interval is a bootstrap over the "
+                    "items (and over pretraining seeds when there are several)." if zero_shot else "")
                  + (" (n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
                     "its mean noisier." if short else ""))
+    if table.get("blimp"):
+        lines += ["", report.blimp_markdown(table["blimp"], ("field",)) + "\n\n(by phenomenon and paradigm: blimp.md)"]
+    if table.get("probes"):
+        lines += ["", report.probe_markdown(table["probes"])]
     if table.get("differences"):
         lines += ["", differences_markdown(table)]
     if table.get("seeds_needed"):
@@ -463,10 +511,10 @@ def to_markdown(table: dict) -> str:
 def differences_markdown(table: dict) -> str:
     """Every row minus the baseline, per task and GLUE: difference (interval) and p-value; * marks
     an interval that excludes zero."""
-    tasks = [t for t in table["tasks"]] + ["glue"]
+    tasks = columns(table) if table["glue"] else [*columns(table), "glue"]
     base = table["baseline"]
     lines = [f"Difference against {base} (points; * = the interval excludes 0)", "",
-             "| encoder | " + " | ".join(display_name(t) if t in TASKS else "GLUE" for t in tasks) + " |",
+             "| encoder | " + " | ".join(display_name(t) if t in EVALUATIONS else "GLUE" for t in tasks) + " |",
              "|" + "---|" * (len(tasks) + 1)]
     tests = set()
     for label, diffs in table["differences"].items():
@@ -543,7 +591,7 @@ def plot(table: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = table["tasks"] + (["glue"] if table["glue"] else [])
+    groups = columns(table)
     labels = table["labels"]
     width = 0.8 / max(1, len(labels))
     fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.3 * len(groups) * max(1, len(labels)) + 2.5)), 4.8))
@@ -571,14 +619,15 @@ def plot(table: dict, path: Path) -> Path:
                   linewidth=3, zorder=3)
     labelled = False
     for j, g in enumerate(groups):
-        levels = [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]] if g in TASKS else []
+        levels = ([table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]]
+                  if g in EVALUATIONS else [])
         levels = [v for v in levels if v is not None]
         if levels:  # the majority-class (constant) prediction: what a model that learnt nothing scores
             ax.hlines(float(np.mean(levels)), j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
                       label=None if labelled else "majority class / constant", zorder=4)
             labelled = True
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, [display_name(g) if g in TASKS else "GLUE" for g in groups])
+    ax.set_xticks(x, [display_name(g) if g in EVALUATIONS else "GLUE" for g in groups])
     ax.set_ylabel("dev score (x 100)")
     interval = table.get("interval") or {"level": stats.LEVEL}
     ax.set_title(f"GLUE dev scores: mean and {100 * interval['level']:g}% interval over seeds")
@@ -591,13 +640,14 @@ def plot(table: dict, path: Path) -> Path:
     return atomic.write_bytes(path, buffer.getvalue())
 
 
-def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL) -> dict:
-    """The GLUE score against pretraining FLOPs, one line per row: {row: [{"fraction", "flops",
-    "glue", "ci", "encoders"}, ...]} in order of FLOPs, a point per fraction of the budget (its FLOPs
-    the mean over the encoders at that point), from the results of snapshots and final encoders.
-    Encoders without a recorded fraction (scratch, outside exports) are left out; {} when no result
-    is of a snapshot."""
-    staged = [r for r in results if (r.get("pretrained") or {}).get("fraction") is not None]
+def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, task: str | None = None) -> dict:
+    """The GLUE score (or ``task``'s score) against pretraining FLOPs, one line per row: {row:
+    [{"fraction", "flops", "glue", "ci", "encoders"}, ...]} in order of FLOPs ("glue" holds the
+    score), a point per fraction of the budget (its FLOPs the mean over the encoders at that point),
+    from the results of snapshots and final encoders. Encoders without a recorded fraction (scratch,
+    outside exports) are left out; {} when no result is of a snapshot."""
+    staged = [r for r in results if (r.get("pretrained") or {}).get("fraction") is not None
+              and (task is None or r["task"] == task)]
     if all(is_final(r) for r in staged):
         return {}
     lines: dict = defaultdict(list)
@@ -609,14 +659,15 @@ def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL) ->
         for r in at:
             if r["pretrained"].get("pretrain_flops") is not None:
                 flops[rows[encoder_of(r)["id"]]].append(float(r["pretrained"]["pretrain_flops"]))
-        for label, g in table["glue"].items():
+        scores = table["glue"] if task is None else {lb: c[task] for lb, c in table["cells"].items() if task in c}
+        for label, g in scores.items():
             if g.get("summary") and flops[label]:
                 lines[label].append({"fraction": fraction, "flops": float(np.mean(flops[label])), "glue": g["score"][0],
                                      "ci": g["summary"]["ci"], "encoders": g["summary"]["encoders"]})
     return dict(lines)
 
 
-def plot_curve(lines: dict, path: Path, baselines: dict | None = None) -> Path:
+def plot_curve(lines: dict, path: Path, baselines: dict | None = None, name: str = "GLUE score") -> Path:
     """GLUE score against pretraining FLOPs (log scale), one line per row with its interval as a
     band; ``baselines`` ({label: score}, e.g. scratch) as horizontal dashed lines."""
     import matplotlib
@@ -637,8 +688,8 @@ def plot_curve(lines: dict, path: Path, baselines: dict | None = None) -> Path:
         ax.axhline(value, color="gray", linestyle="--", linewidth=1, label=f"{label} (no pretraining)")
     ax.set_xscale("log")
     ax.set_xlabel("pretraining FLOPs")
-    ax.set_ylabel("GLUE score (dev, x 100)")
-    ax.set_title("GLUE score against pretraining compute (bands: 95% intervals over seeds)")
+    ax.set_ylabel(f"{name} (dev, x 100)")
+    ax.set_title(f"{name} against pretraining compute (bands: 95% intervals)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -665,6 +716,11 @@ def write_report(results: list[dict], out_dir: str | Path, baseline: str | None 
     curve.csv (the table's ``curve``)."""
     table = aggregate(results, baseline, method, level)  # refuses what cannot be compared before anything is written
     table["curve"] = curve(results, method, level)
+    table["curves"] = {t: c for t in table["tasks"] if not is_glue(t) and (c := curve(results, method, level, t))}
+    finals = [r for r in results if is_final(r)]
+    rows = row_labels(finals)
+    table["blimp"] = report.blimp_table(finals, rows, lambda r: encoder_of(r)["id"], level)
+    table["probes"] = report.probe_table(finals, rows, lambda r: encoder_of(r)["id"])
     out = Path(out_dir)
     atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
     atomic.write_text(out / "comparison.csv", to_csv(table))
@@ -674,6 +730,15 @@ def write_report(results: list[dict], out_dir: str | Path, baseline: str | None 
         scratch = {lb: g["score"][0] for lb, g in table["glue"].items() if lb.startswith("scratch")}
         plot_curve(table["curve"], out / "curve.png", scratch)
         atomic.write_text(out / "curve.csv", curve_csv(table["curve"]))
+    for task, lines in table["curves"].items():
+        scratch = {lb: c[task]["score"][0] for lb, c in table["cells"].items() if lb.startswith("scratch") and task in c}
+        plot_curve(lines, out / f"curve-{task}.png", scratch, name=display_name(task))
+        atomic.write_text(out / f"curve-{task}.csv", curve_csv(lines))
+    if table["blimp"]:
+        atomic.write_text(out / "blimp.md", report.blimp_markdown(table["blimp"]) + "\n")
+    if table["probes"]:
+        atomic.write_text(out / "probes.md", report.probe_markdown(table["probes"]) + "\n")
+        report.plot_probes(table["probes"], out / "probes.png")
     return table
 
 

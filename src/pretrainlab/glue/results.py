@@ -25,8 +25,15 @@ from typing import Any
 from pretrainlab.runtime.provenance import describe, differences
 
 # what a result depends on, beyond the encoder and the seed (trainer, logger and compile settings change
-# how it runs, not what it computes)
-RESULT_SETTINGS = ("task", "glue", "optim")
+# how it runs, not what it computes): the task's recipe, the optimizer, and the block of data settings
+# its task reads (glue, ner or blimp: see pretrainlab.evaluation.tasks)
+RESULT_SETTINGS = ("task", "optim")
+
+
+def settings_groups(task: str) -> tuple[str, ...]:
+    from pretrainlab.evaluation.tasks import EVALUATIONS
+
+    return (*RESULT_SETTINGS, EVALUATIONS[task].data if task in EVALUATIONS else "glue")
 # settings added since results were first written, with the value that results without them were made with
 LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
 _RESULTS_FILE = re.compile(r"results\.json|seed\d+\.json")
@@ -99,12 +106,13 @@ def check_place(result: dict, task: str, seed: int, path: Path) -> None:
 
 
 def check_settings(result: dict, now: dict, path: Path) -> None:
-    """Refuse ``result`` when it was fine-tuned with other settings (:data:`RESULT_SETTINGS`) than
-    ``now`` (a resolved fine-tuning config)."""
+    """Refuse ``result`` when it was made with other settings (:func:`settings_groups`) than ``now``
+    (a resolved fine-tuning config)."""
     was = result.get("config")
     if not was:
         return
-    changed = [d for group in RESULT_SETTINGS for d in differences(was.get(group), now.get(group), group, LEGACY)]
+    groups = settings_groups(result["task"])
+    changed = [d for group in groups for d in differences(was.get(group), now.get(group), group, LEGACY)]
     if changed:
         raise ResultError(f"{path} was fine-tuned with other settings ({describe(changed)}): reporting it beside this "
                           f"suite's results would mix two experiments. Use another output_dir for these settings, or "
@@ -126,14 +134,15 @@ def check_data(result: dict, digests: dict | None, path: Path) -> None:
 
 def settings_of(result: dict) -> dict[str, Any]:
     """The recorded settings a result's comparability depends on, for comparing results with each
-    other: :data:`RESULT_SETTINGS` without the data directory's path (its files' hashes are compared)."""
+    other: :func:`settings_groups` without the data directory's path (its files' hashes are compared)."""
     config = result.get("config") or {}
-    out = {group: config.get(group) for group in RESULT_SETTINGS if config.get(group) is not None}
-    if isinstance(out.get("glue"), dict):
-        out["glue"] = {k: v for k, v in out["glue"].items() if k != "data_dir"}
+    out = {group: config.get(group) for group in settings_groups(result["task"]) if config.get(group) is not None}
+    for group, block in out.items():
+        if group not in RESULT_SETTINGS and isinstance(block, dict):
+            out[group] = {k: v for k, v in block.items() if k != "data_dir"}
     return out
 
 
-__all__ = ["AGAIN", "LEGACY", "RESULT_SETTINGS", "ResultError", "check_data", "check_encoder", "check_place",
+__all__ = ["AGAIN", "LEGACY", "RESULT_SETTINGS", "settings_groups", "ResultError", "check_data", "check_encoder", "check_place",
            "check_settings",
            "is_result", "is_results_file", "read_result", "settings_of"]

@@ -176,6 +176,65 @@ def unpaired(row: dict, baseline: dict, level: float) -> Difference:
     return Difference(mean, (mean - h, mean + h), p, 0, "Welch t", len(row) == 1 or len(baseline) == 1)
 
 
+# --- zero-shot items (minimal pairs): every encoder is scored on the same items ---------------------
+def _item_draws(items: list[np.ndarray], samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples, encoders): each encoder's accuracy on ``samples`` bootstrap resamples of the items,
+    the same resample for every encoder. Items are counted by their pattern of outcomes across the
+    encoders, so a resample is one multinomial draw over the patterns (cheap for 67,000 items)."""
+    matrix = np.stack([np.asarray(a, dtype=np.uint8) for a in items], axis=1)
+    patterns, counts = np.unique(matrix, axis=0, return_counts=True)
+    n = len(matrix)
+    draws = rng.multinomial(n, counts / n, size=samples)
+    return draws @ patterns / n
+
+
+def summarize_items(items: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
+                    rng: np.random.Generator | None = None) -> Summary:
+    """Accuracy x 100 of ``{encoder: 0/1 outcome per item}`` (every encoder on the same items): the
+    mean of the encoders' accuracies; the interval a bootstrap over items (the same resample for all
+    encoders) and, with several encoders (pretraining seeds), over encoders too."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    arrays = list(items.values())
+    acc = np.array([100.0 * np.mean(a) for a in arrays])
+    draws = 100.0 * _item_draws(arrays, samples, rng)
+    if len(arrays) > 1:
+        draws = np.take_along_axis(draws, rng.integers(0, len(arrays), size=draws.shape), axis=1)
+    lo, hi = np.quantile(draws.mean(axis=1), [0.5 - level / 2, 0.5 + level / 2])
+    return Summary(mean=float(acc.mean()), median=float(np.median(acc)), sd_ft=0.0,
+                   sd_pt=float(acc.std(ddof=1)) if len(acc) > 1 else None, ci=(float(lo), float(hi)),
+                   n=len(acc), encoders=len(acc), conditional=len(acc) == 1)
+
+
+def item_difference(row: dict, baseline: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
+                    rng: np.random.Generator | None = None) -> Difference:
+    """``row`` minus ``baseline`` in accuracy x 100, each ``{pretraining seed: 0/1 outcome per item}``,
+    on the same items. One encoder each: McNemar's exact test on the pairs the two disagree on, the
+    interval a paired bootstrap over items. Several with the same pretraining seeds: a paired t over
+    the seeds' differences, the interval a bootstrap over the seeds and the items."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    seeds = sorted(set(row) & set(baseline), key=str) if set(row) == set(baseline) else []
+    if len(row) == 1 and len(baseline) == 1:
+        (r,), (b,) = row.values(), baseline.values()
+        r, b = np.asarray(r, dtype=bool), np.asarray(b, dtype=bool)
+        draws = 100.0 * _item_draws([r, b], samples, rng)
+        diff = draws[:, 0] - draws[:, 1]
+        lo, hi = np.quantile(diff, [0.5 - level / 2, 0.5 + level / 2])
+        only_row, only_base = int((r & ~b).sum()), int((~r & b).sum())
+        p = float(sps.binomtest(only_row, only_row + only_base, 0.5).pvalue) if only_row + only_base else None
+        return Difference(float(100.0 * (r.mean() - b.mean())), (float(lo), float(hi)), p, len(r),
+                          "McNemar (exact) over items", True)
+    if len(seeds) >= 2:
+        draws = 100.0 * _item_draws([row[k] for k in seeds] + [baseline[k] for k in seeds], samples, rng)
+        diffs = draws[:, : len(seeds)] - draws[:, len(seeds):]
+        pick = rng.integers(0, len(seeds), size=diffs.shape)
+        lo, hi = np.quantile(np.take_along_axis(diffs, pick, axis=1).mean(axis=1), [0.5 - level / 2, 0.5 + level / 2])
+        per_seed = np.array([100.0 * (np.mean(row[k]) - np.mean(baseline[k])) for k in seeds])
+        return Difference(float(per_seed.mean()), (float(lo), float(hi)), _p_value(per_seed), len(seeds),
+                          "paired t over encoders", False)
+    return unpaired({k: {0: 100.0 * float(np.mean(v))} for k, v in row.items()},
+                    {k: {0: 100.0 * float(np.mean(v))} for k, v in baseline.items()}, level)
+
+
 def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.05, paired: bool = False) -> int:
     """Runs per encoder for a two-sided test at ``alpha`` to detect a true difference ``delta``
     with probability ``power``, when one run's score has standard deviation ``sd``: the normal
@@ -188,5 +247,5 @@ def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.0
     return max(2, math.ceil(k * (z * sd / delta) ** 2))
 
 
-__all__ = ["Difference", "LEVEL", "METHODS", "Summary", "difference", "nested_bootstrap", "seeds_needed", "unpaired",
-           "summarize"]
+__all__ = ["Difference", "LEVEL", "METHODS", "Summary", "difference", "item_difference", "nested_bootstrap",
+           "seeds_needed", "summarize", "summarize_items", "unpaired"]

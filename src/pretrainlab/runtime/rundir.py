@@ -43,7 +43,8 @@ from omegaconf import DictConfig
 log = logging.getLogger("pretrainlab")
 
 # what overwrite=true deletes: everything a run and its GLUE suites wrote that later steps read back
-RUN_OUTPUTS = ("checkpoints", "encoder", "snapshots", ".wandb_id", "csv", "glue", "glue-scratch", "results.json")
+RUN_OUTPUTS = ("checkpoints", "encoder", "snapshots", ".wandb_id", "csv", "glue", "glue-scratch", "eval", "eval-scratch",
+               "results.json")
 LOCK = ".pretrainlab-lock"
 
 

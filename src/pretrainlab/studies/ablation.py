@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.glue.compare import collect, is_final, log_to_wandb, to_markdown, write_report
 from pretrainlab.glue.results import ResultError, is_results_file
-from pretrainlab.glue.tasks import get_task
+from pretrainlab.evaluation.tasks import get as get_task
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
@@ -44,6 +44,23 @@ from pretrainlab.studies.intrinsic import intrinsic_markdown, intrinsic_report
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
+
+
+RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
+# what each entry of a study's ``evals`` evaluates (glue: the tasks of glue.tasks)
+EVALS = {"ner": ["ner"], "blimp": ["blimp"], "probes": ["probe_ner", "probe_sst2"]}
+
+
+def study_tasks(cfg: DictConfig) -> list[str]:
+    """The evaluation tasks of the study: ``glue.tasks`` for ``glue``, and those of every other entry of
+    ``evals`` (ner, blimp, probes)."""
+    evals = list(cfg.get("evals") or ["glue"])
+    unknown = [e for e in evals if e != "glue" and e not in EVALS]
+    if unknown:
+        raise ValueError(f"evals={evals}: {', '.join(map(repr, unknown))} is not an evaluation; choose among glue, "
+                         f"{', '.join(EVALS)} (conf/ablate.yaml or the command line).")
+    tasks = [t for e in evals for t in (list(cfg.glue.tasks) if e == "glue" else EVALS[e])]
+    return list(dict.fromkeys(get_task(t).name for t in tasks))
 
 
 def _set_group(cfg: DictConfig, group: str) -> None:
@@ -63,6 +80,7 @@ def run_study(cfg: DictConfig) -> dict:
     if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
         raise ValueError(f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
                          f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line).")
+    study_tasks(cfg)  # an unknown evaluation is refused before anything runs
     resume = rerun_command()
     lock(root, "study")
     try:
@@ -88,13 +106,13 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
             train_cfg.export = True
             check_same_run(run_dir, train_cfg)
             done = (run_dir / "encoder" / "config.json").is_file()
-            orphans = [] if done else [p for d in ("glue", "glue-scratch") for p in (run_dir / d).rglob("*.json")
+            orphans = [] if done else [p for d in RESULT_DIRS for p in (run_dir / d).rglob("*.json")
                                        if is_results_file(p)]
             if orphans:  # results of an encoder that is gone: the new one's suite would refuse them, later
-                raise ResultError(f"{run_dir} holds GLUE results ({orphans[0]}, ...) but no encoder: they are of an "
-                                  f"encoder that is gone, and would be refused beside the one pretrained now. Move "
-                                  f"{run_dir / 'glue'} away (and glue-scratch/, if any) to pretrain and fine-tune "
-                                  f"again.")
+                raise ResultError(f"{run_dir} holds evaluation results ({orphans[0]}, ...) but no encoder: they are of "
+                                  f"an encoder that is gone, and would be refused beside the one pretrained now. Move "
+                                  f"{orphans[0].parents[1]} away (and the run's other glue*/ and eval*/ folders) to "
+                                  f"pretrain and evaluate again.")
             checkpoint = None if done else latest_checkpoint(run_dir)
             if checkpoint is not None:
                 train_cfg.ckpt_path = str(checkpoint)
@@ -105,8 +123,9 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
 def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float], resume: str) -> dict:
     planned = _pretraining_runs(cfg, root, objectives, fractions)
     runs = [run_dir for run_dir, *_ in planned]
-    glue_overrides = [*cfg.glue.overrides]
-    tasks, seeds = list(cfg.glue.tasks), [int(s) for s in cfg.glue.seeds]
+    glue_overrides = [*cfg.glue.overrides, *(f'{block}.data_dir="{path}"' for block, path in
+                                             (cfg.get("data_dirs") or {}).items() if path is not None)]
+    tasks, seeds = study_tasks(cfg), [int(s) for s in cfg.glue.seeds]
 
     def suite_cfg(encoder: Path, init: str) -> DictConfig:
         gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *glue_overrides])
@@ -150,7 +169,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
 
     # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an
     # earlier version of the study left in its directories)
-    wanted_tasks = {get_task(t).name for t in tasks}
+    wanted_tasks = set(tasks)
 
     def asked(r: dict) -> bool:
         fraction = (r.get("pretrained") or {}).get("fraction")

@@ -1,13 +1,16 @@
-"""A GLUE suite: one encoder, several tasks and seeds, resumable.
+"""The evaluation suite: one encoder, several tasks and seeds, resumable. Tasks are GLUE's nine, named
+entities (``ner``), minimal pairs (``blimp``) and frozen-feature probes (``probe_ner``,
+``probe_sst2``): see ``pretrainlab.evaluation.tasks``.
 
 Results go to ``<output_dir>/<task>/seed<k>.json`` (the run's own files, W&B included, to
-``<output_dir>/<task>/seed<k>/``). A (task, seed) whose results file exists is not run again, so
-an interrupted suite continues where it stopped. Before anything runs, every finished result is
-checked (``pretrainlab.glue.results``): it must be complete and finite, of this encoder (by the
+``<output_dir>/<task>/seed<k>/``); by default ``<run>/glue/`` for GLUE's tasks and ``<run>/eval/``
+for the others. A (task, seed) whose results file exists is not run again, so an interrupted suite
+continues where it stopped; a zero-shot task runs once. Before anything runs, every finished result
+is checked (``pretrainlab.glue.results``): it must be complete and finite, of this encoder (by the
 hash of its weights, not its path: a run directory pretrained again holds another encoder), made
-with this suite's fine-tuning settings (the task's recipe, the data source, the optimizer) and on
-the same data files; anything else is refused rather than reported beside new results.
-``summary.json`` / ``summary.md`` aggregate the seeds. One suite at a time writes into a directory.
+with this suite's settings (the task's recipe, its data settings, the optimizer) and on the same
+data files; anything else is refused rather than reported beside new results. ``summary.json`` /
+``summary.md`` aggregate the seeds. One suite at a time writes into a directory.
 """
 
 from __future__ import annotations
@@ -25,9 +28,8 @@ from pretrainlab.export.hf import model_name
 from pretrainlab.finetuning import run as finetuning
 from pretrainlab.finetuning.encoders import encoder_identity
 from pretrainlab.glue.compare import aggregate, as_final, to_markdown
-from pretrainlab.glue.data import data_digests
 from pretrainlab.glue.results import check_data, check_encoder, check_place, check_settings, read_result
-from pretrainlab.glue.tasks import get_task
+from pretrainlab.evaluation import tasks as evaluations
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
 from pretrainlab.runtime.rundir import lock, unlock
@@ -38,25 +40,35 @@ log = logging.getLogger("pretrainlab")
 
 
 def task_config(name: str, overrides: dict | None = None, conf_dir: Path = CONF) -> DictConfig:
-    """conf/task/<name>.yaml with the non-null ``overrides`` applied."""
-    path = conf_dir / "task" / f"{get_task(name).name}.yaml"
-    cfg = OmegaConf.load(path)
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            cfg[k] = v
+    """conf/task/<name>.yaml, with the non-null ``overrides`` applied to a fine-tuned task (GLUE,
+    NER): a recipe override (lr, epochs, ...) is not a probe's or a zero-shot task's."""
+    task = evaluations.get(name)
+    cfg = OmegaConf.load(conf_dir / "task" / f"{task.name}.yaml")
+    if task.fine_tuned:
+        for k, v in (overrides or {}).items():
+            if v is not None:
+                cfg[k] = v
     return cfg
 
 
-def default_output_dir(pretrained: str, init: str) -> Path:
-    """``<pretraining run>/glue`` (``glue-scratch`` for init=scratch); for an export directory
-    outside a run, ``<export dir>/glue``; for ``hf:<dir>``, ``runs/glue/hf-<name>``."""
-    suffix = "glue-scratch" if init == "scratch" else "glue"
+def default_output_dir(pretrained: str, init: str, family: str = "glue") -> Path:
+    """``<pretraining run>/<family>`` (``<family>-scratch`` for init=scratch); for an export directory
+    outside a run, ``<export dir>/<family>``; for ``hf:<dir>``, ``runs/<family>/hf-<name>``. The family
+    is ``glue`` for GLUE's tasks, ``eval`` for the others (NER, BLiMP, probes)."""
+    suffix = f"{family}-scratch" if init == "scratch" else family
     if str(pretrained).startswith("hf:"):
         name = model_name(Path(str(pretrained)[3:]).expanduser())
-        return Path("runs") / "glue" / f"hf-{name}{'-scratch' if init == 'scratch' else ''}"
+        return Path("runs") / family / f"hf-{name}{'-scratch' if init == 'scratch' else ''}"
     export = resolve_export_dir(pretrained)
     run = export.parent if export.name == "encoder" else export
     return run / suffix
+
+
+def output_dir_of(task: evaluations.Evaluation, cfg: DictConfig, output_dir: str | Path | None) -> Path:
+    """Where ``task``'s results go: ``output_dir`` when given, else the encoder's default for its family."""
+    if output_dir:
+        return Path(output_dir)
+    return default_output_dir(cfg.pretrained, cfg.init, "glue" if task.kind == "glue" else "eval")
 
 
 @dataclass
@@ -70,24 +82,27 @@ class Job:
 
 
 def plan_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
-               task_overrides: dict | None = None) -> tuple[Path, list[Job]]:
-    """The suite's output directory and its jobs, every setting and every finished result checked
-    (nothing is run or written but the synthetic suite's cache)."""
-    output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
+               task_overrides: dict | None = None) -> tuple[list[Path], list[Job]]:
+    """The suite's output directories and its jobs, every setting and every finished result checked
+    (nothing is run or written but the synthetic data's cache). A task that is not seeded (zero-shot)
+    runs once, with the first seed."""
     identity = encoder_identity(cfg.pretrained, cfg.init)
-    tasks = list(dict.fromkeys(get_task(t).name for t in tasks))  # each (task, seed) once
+    tasks = list(dict.fromkeys(evaluations.get(t).name for t in tasks))  # each (task, seed) once
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     for name in tasks:  # every task's settings are checked before the first one runs
         check_finetuning(OmegaConf.create({"task": task_config(name, task_overrides)}))
-    jobs = []
+    jobs, dirs = [], []
     for name in tasks:
-        task = task_config(name, task_overrides)
+        task = evaluations.get(name)
+        task_cfg = task_config(name, task_overrides)
+        out = output_dir_of(task, cfg, output_dir)
+        dirs.append(out)
         digests = None
-        for seed in seeds:
-            path = output_dir / task.name / f"seed{seed}.json"
+        for seed in seeds if task.seeded else seeds[:1]:
+            path = out / task.name / f"seed{seed}.json"
             run_cfg = cfg.copy()
             OmegaConf.set_struct(run_cfg, False)
-            run_cfg.task = task
+            run_cfg.task = task_cfg
             run_cfg.seed = seed
             for key in ("tasks", "seeds", "output_dir", "task_overrides"):
                 run_cfg.pop(key, None)
@@ -98,14 +113,11 @@ def plan_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: 
                 check_encoder(done, identity, cfg.init, path)
                 check_settings(done, OmegaConf.to_container(run_cfg, resolve=True), path)
                 if digests is None:
-                    glue = run_cfg.glue
-                    digests = data_digests(get_task(task.name), glue.source, glue.data_dir, run_cfg.cache_dir,
-                                           OmegaConf.to_container(glue.synthetic, resolve=True)
-                                           if glue.get("synthetic") else None) or {}
+                    digests = evaluations.data_digests(task.name, run_cfg) or {}
                 check_data(done, digests, path)
                 done = _relabel(done, identity, path)
-            jobs.append(Job(run_cfg, output_dir / task.name / f"seed{seed}", path, done))
-    return output_dir, jobs
+            jobs.append(Job(run_cfg, out / task.name / f"seed{seed}", path, done))
+    return list(dict.fromkeys(dirs)), jobs
 
 
 def _relabel(done: dict, identity: dict, path: Path) -> dict:
@@ -125,27 +137,31 @@ def _relabel(done: dict, identity: dict, path: Path) -> dict:
 
 def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
               task_overrides: dict | None = None, resume_hint: str | None = None) -> list[dict]:
-    """Fine-tune ``cfg.pretrained`` on every (task, seed) not yet done; returns all results.
+    """Run every (task, seed) on ``cfg.pretrained`` that is not done yet; returns all results.
     ``resume_hint``: the command that continues the suite after a signal stops it (by default
     this process's command line)."""
-    output_dir = Path(output_dir) if output_dir else default_output_dir(cfg.pretrained, cfg.init)
     resume_hint = resume_hint or rerun_command()
-    lock(output_dir, "GLUE suite")
+    dirs = list(dict.fromkeys(output_dir_of(evaluations.get(t), cfg, output_dir) for t in tasks))
+    for d in dirs:
+        lock(d, "evaluation suite")
     try:
-        output_dir, jobs = plan_suite(cfg, tasks, seeds, output_dir, task_overrides)
-        results = []
+        dirs, jobs = plan_suite(cfg, tasks, seeds, output_dir, task_overrides)
+        results: dict[Path, list[dict]] = {}
         for job in jobs:
+            out = job.path.parents[1]
             if job.done is not None:
                 log.info("%s seed %d: done already (%s)", job.cfg.task.name, job.cfg.seed, job.path)
-                results.append(job.done)
+                results.setdefault(out, []).append(job.done)
                 continue
             choices = {**hydra.choices(), "task": job.cfg.task.name}
-            results.append(finetuning.run(job.cfg, job.run_dir, results_path=job.path, choices=choices,
-                                          resume_hint=resume_hint))
-        write_summary(results, output_dir)
+            results.setdefault(out, []).append(finetuning.run(job.cfg, job.run_dir, results_path=job.path,
+                                                              choices=choices, resume_hint=resume_hint))
+        for out, rs in results.items():
+            write_summary(rs, out)
     finally:
-        unlock(output_dir)
-    return results
+        for d in dirs:
+            unlock(d)
+    return [r for rs in results.values() for r in rs]
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
