@@ -1,5 +1,7 @@
-"""Compare encoders on GLUE: a table objective x task (mean ± std over seeds) with a GLUE score,
-as Markdown, CSV and a PNG bar chart, and (unless --wandb disabled) a W&B run with the table.
+"""Compare encoders: a table objective x task (mean ± std over seeds) with a GLUE score, as Markdown,
+CSV and a PNG bar chart, and (unless --wandb disabled) a W&B run with the table. Every evaluation is a
+column: GLUE's tasks, then NER, BLiMP (with blimp.md: by field, phenomenon and paradigm) and the
+frozen-feature probes (with probes.md and probes.png: layer by layer).
 
     python experiments/compare.py runs/<run a>/glue runs/<run b>/glue runs/<run a>/glue-scratch
     python experiments/compare.py runs/studies/<study>            # every results file below it

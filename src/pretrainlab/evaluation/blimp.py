@@ -34,6 +34,7 @@ from tokenizers import Tokenizer
 from pretrainlab import atomic
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
+from pretrainlab.data.sources import local_root
 from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
@@ -193,17 +194,8 @@ class SyntheticPairs:
 def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
     """The local folder the pairs are read from (the synthetic ones are generated into the cache
     first); None for the hub."""
-    if source == "auto":
-        source = "local" if data_dir else "hub"
-    if source == "local":
-        if not data_dir:
-            raise ValueError("blimp.source=local needs blimp.data_dir=<folder of the paradigm .jsonl files>.")
-        return Path(os.path.expanduser(str(data_dir)))
-    if source == "hub":
-        return None
-    if source == "synthetic":
-        return SyntheticPairs(**(synthetic or {})).write(cache_dir)
-    raise ValueError(f"blimp.source={source!r}: expected auto, hub, local or synthetic.")
+    return local_root("blimp", source, data_dir, "folder of the paradigm .jsonl files",
+                      lambda: SyntheticPairs(**(synthetic or {})).write(cache_dir))
 
 
 def load_pairs(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None = None,

@@ -26,6 +26,7 @@ from pathlib import Path
 from pretrainlab import atomic
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
+from pretrainlab.data.sources import local_root
 
 log = logging.getLogger("pretrainlab")
 
@@ -182,17 +183,10 @@ def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Sentence]]:
 
 
 def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
-    if source == "auto":
-        source = "local" if data_dir else "hub"
-    if source == "local":
-        if not data_dir:
-            raise ValueError("ner.source=local needs ner.data_dir=<CoNLL-2003 directory>.")
-        return Path(os.path.expanduser(str(data_dir)))
-    if source == "hub":
-        return None
-    if source == "synthetic":
-        return SyntheticNer(**(synthetic or {})).write(cache_dir)
-    raise ValueError(f"ner.source={source!r}: expected auto, hub, local or synthetic.")
+    """The CoNLL-2003 directory the sentences are read from (the synthetic task is generated into the
+    cache first); None for the hub."""
+    return local_root("ner", source, data_dir, "CoNLL-2003 directory",
+                      lambda: SyntheticNer(**(synthetic or {})).write(cache_dir))
 
 
 def load(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None = None,

@@ -9,13 +9,12 @@ and the probes' scores layer by layer.
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import atomic
+from pretrainlab import atomic, figures
 from pretrainlab.evaluation.tasks import display_name
 from pretrainlab.glue import stats
 
@@ -129,10 +128,7 @@ def plot_probes(table: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=130, format="png")
-    plt.close(fig)
-    return atomic.write_bytes(path, buffer.getvalue())
+    return figures.save(fig, path)
 
 
 __all__ = ["blimp_markdown", "blimp_table", "plot_probes", "probe_markdown", "probe_table"]

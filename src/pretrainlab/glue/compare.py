@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import atomic
+from pretrainlab import atomic, figures
 from pretrainlab.glue import stats
 from pretrainlab.glue.results import (
     LEGACY, ResultError, check_encoder, is_result, is_results_file, read_result, settings_of,
@@ -486,17 +486,20 @@ def to_markdown(table: dict) -> str:
                     f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]")
     single = any(n == 1 for n in encoders)
     lines.append("")
-    lines.append(f"Task score x 100 on the dev set after the last fine-tuning epoch (a task's score is the mean of "
-                 f"its metrics), mean ± std over {'/'.join(map(str, seeds))} fine-tuning seed(s){pretrain}; "
-                 f"({pct} confidence interval, {how}"
-                 + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
-                 + (f"). GLUE = mean task score over "
-                    f"{', '.join(display_name(t) for t in table['glue_tasks'])}; WNLI excluded as in BERT."
-                    if table["glue_tasks"] else ").")
-                 + (" Zero-shot tasks (BLiMP) are scored once per encoder: their interval is a bootstrap over the "
-                    "items (and over pretraining seeds when there are several)." if zero_shot else "")
-                 + (" (n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
+    seeded = (f"Task score x 100 on the dev set after the last fine-tuning epoch (a task's score is the mean of "
+              f"its metrics), mean ± std over {'/'.join(map(str, seeds))} seed(s){pretrain}; "
+              f"({pct} confidence interval, {how}"
+              + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
+              + (f"). GLUE = mean task score over "
+                 f"{', '.join(display_name(t) for t in table['glue_tasks'])}; WNLI excluded as in BERT. "
+                 if table["glue_tasks"] else "). ")) if seeded_cells else ""
+    lines.append(seeded
+                 + (f"Zero-shot tasks (BLiMP): accuracy x 100, scored once per encoder; the {pct} interval is a "
+                    f"bootstrap over the items (and over pretraining seeds when there are several). " if zero_shot
+                    else "")
+                 + ("(n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
                     "its mean noisier." if short else ""))
+    lines[-1] = lines[-1].rstrip()
     if table.get("blimp"):
         lines += ["", report.blimp_markdown(table["blimp"], ("field",)) + "\n\n(by phenomenon and paradigm: blimp.md)"]
     if table.get("probes"):
@@ -511,7 +514,7 @@ def to_markdown(table: dict) -> str:
 def differences_markdown(table: dict) -> str:
     """Every row minus the baseline, per task and GLUE: difference (interval) and p-value; * marks
     an interval that excludes zero."""
-    tasks = columns(table) if table["glue"] else [*columns(table), "glue"]
+    tasks = columns(table)
     base = table["baseline"]
     lines = [f"Difference against {base} (points; * = the interval excludes 0)", "",
              "| encoder | " + " | ".join(display_name(t) if t in EVALUATIONS else "GLUE" for t in tasks) + " |",
@@ -528,8 +531,13 @@ def differences_markdown(table: dict) -> str:
             p = "" if d["p"] is None else f" p={d['p']:.2g}"
             row.append(f"{d['mean']:+.1f}{'*' if d['significant'] else ''}{_interval(d['ci'])}{p}")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Tests: {', '.join(sorted(tests))} (matched pretraining and fine-tuning seeds where both rows have "
-                  f"them; a paired t over seeds is conditional on the two encoders)."]
+    notes = []
+    if any(t.startswith("paired t") for t in tests):
+        notes.append("matched pretraining and fine-tuning seeds where both rows have them; a paired t over seeds is "
+                     "conditional on the two encoders")
+    if any(t.startswith("McNemar") for t in tests):
+        notes.append("McNemar's test compares two encoders on the same items, so it too is conditional on them")
+    lines += ["", f"Tests: {', '.join(sorted(tests))}" + (f" ({'; '.join(notes)})." if notes else ".")]
     return "\n".join(lines)
 
 
@@ -537,10 +545,11 @@ def seeds_markdown(table: dict) -> str:
     """Runs per encoder needed to detect a difference, from the spreads measured here."""
     needed = table["seeds_needed"]
     lines = ["Runs per encoder to detect a difference of 1 / 2 / 5 points (two-sided 5% test, 80% power), from the "
-             "sd of one run measured here", "", "| task | sd of one run | 1 point | 2 points | 5 points |",
+             "sd of one run measured here (marked where only fine-tuning or probe seeds varied, not pretraining seeds)",
+             "", "| task | sd of one run | 1 point | 2 points | 5 points |",
              "|---|---|---|---|---|"]
     for t, n in needed.items():
-        lines.append(f"| {display_name(t)} | {n['sd']:.1f}{'' if n['with_pretraining_sd'] else ' (fine-tuning only)'} | "
+        lines.append(f"| {display_name(t)} | {n['sd']:.1f}{'' if n['with_pretraining_sd'] else ' (one pretraining seed)'} | "
                      + " | ".join(str(n["runs"][f"{d:g}"]) for d in DELTAS) + " |")
     return "\n".join(lines)
 
@@ -634,10 +643,7 @@ def plot(table: dict, path: Path) -> Path:
     ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=130, format="png")
-    plt.close(fig)
-    return atomic.write_bytes(path, buffer.getvalue())
+    return figures.save(fig, path)
 
 
 def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, task: str | None = None) -> dict:
@@ -693,10 +699,7 @@ def plot_curve(lines: dict, path: Path, baselines: dict | None = None, name: str
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=130, format="png")
-    plt.close(fig)
-    return atomic.write_bytes(path, buffer.getvalue())
+    return figures.save(fig, path)
 
 
 def curve_csv(lines: dict) -> str:

@@ -13,6 +13,7 @@ import torch
 from tokenizers import Tokenizer
 
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
+from pretrainlab.data.sources import local_root
 from pretrainlab.glue.tasks import TaskSpec
 from pretrainlab.tokens import SpecialTokens
 
@@ -152,19 +153,10 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
 def _local_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
     """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into
     ``cache_dir`` first); None for the hub."""
-    if source == "auto":
-        source = "local" if data_dir else "hub"
-    if source == "local":
-        if not data_dir:
-            raise ValueError("glue.source=local needs glue.data_dir=<GLUE directory>.")
-        return Path(os.path.expanduser(str(data_dir)))
-    if source == "hub":
-        return None
-    if source == "synthetic":
-        from pretrainlab.glue.synthetic import SyntheticGlue
+    from pretrainlab.glue.synthetic import SyntheticGlue
 
-        return SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab")
-    raise ValueError(f"glue.source={source!r}: expected auto, hub, local or synthetic.")
+    return local_root("glue", source, data_dir, "GLUE directory",
+                      lambda: SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab"))
 
 
 def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
