@@ -81,23 +81,30 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     """conf/ablate_quick.yaml as shipped, with one objective: RoBERTa against the same encoder from
-    scratch on the study's three tasks (dev sets of words the tasks' training sets never show), three
-    fine-tuning seeds each. Pretraining must be ahead on most tasks, and by a large, significant margin
-    where the label is the topic of words known from pretraining alone (SST-2)."""
+    scratch on the study's three GLUE tasks (dev sets of words the tasks' training sets never show), three
+    fine-tuning seeds each, the synthetic minimal pairs and the frozen-feature probes. Pretraining must be
+    ahead on most GLUE tasks, and by a large, significant margin where the label is the topic of words
+    known from pretraining alone (SST-2); zero-shot, the objective must tell grammatical from
+    ungrammatical sentences where the scratch encoder guesses, and its frozen features must carry the
+    entity types of words the probe never saw."""
     from pretrainlab.studies.ablation import run_study
 
     table = run_study(compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]",
                                      "intrinsic=false"))
     tasks = table["tasks"]
-    assert tasks == ["cola", "sst2", "mrpc"]
+    assert tasks == ["cola", "sst2", "mrpc", "blimp", "probe_ner", "probe_sst2"]
     diffs = {task: table["differences"]["roberta"][task] for task in tasks}
-    ahead = [task for task, d in diffs.items() if d["mean"] > 0]
+    ahead = [task for task in ("cola", "sst2", "mrpc") if diffs[task]["mean"] > 0]
     assert len(ahead) >= 2, diffs
     assert diffs["sst2"]["significant"] and diffs["sst2"]["mean"] > 30, diffs["sst2"]
     cells = table["cells"]
     assert cells["roberta"]["sst2"]["score"][0] > 90 > cells["scratch"]["sst2"]["no_skill"] + 30
     assert cells["scratch"]["sst2"]["score"][0] < 70  # scratch knows nothing of the dev set's words
     assert table["glue"]["roberta"]["score"][0] > table["glue"]["scratch"]["score"][0] + 15
+    blimp = {label: cells[label]["blimp"]["summary"]["mean"] for label in ("roberta", "scratch")}
+    assert blimp["roberta"] > 90 and 35 < blimp["scratch"] < 65, blimp
+    assert diffs["blimp"]["test"] == "McNemar (exact) over items" and diffs["blimp"]["p"] < 1e-6, diffs["blimp"]
+    assert diffs["probe_ner"]["significant"] and diffs["probe_ner"]["mean"] > 40, diffs["probe_ner"]
 
 
 @pytest.mark.slow
