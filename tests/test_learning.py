@@ -1,5 +1,6 @@
 """Each objective must learn: a tiny model, a few hundred steps on the synthetic corpus, and every
-head beats its trivial baseline by a clear margin on held-out documents."""
+head beats its trivial baseline by a clear margin on held-out documents, by the run's own
+learning checks (objectives.learning) as well as by its metrics."""
 
 import os
 
@@ -44,6 +45,11 @@ def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
     baseline = unigram_baseline()
     assert 0.1 < baseline < 0.25
     assert result["val/mlm_acc"] > 2 * baseline, (result["val/mlm_acc"], baseline)
+    # at [MASK] alone (the kept tenth is copied), beside the most frequent token of those positions
+    at_mask, unigram = result["learning/mlm_acc_at_mask"], result["learning/mlm_unigram_acc"]
+    assert abs(unigram - baseline) < 0.03 and at_mask > 2 * unigram, (at_mask, unigram)
+    assert result["learning/mlm_acc_at_kept"] > at_mask  # copying is easier than predicting
+    assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
 @pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 1200), ("albert", "sop", 1200)])
@@ -51,6 +57,8 @@ def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     result = train(tmp_path, objective, steps)
     assert result[f"val/{pair}_acc"] >= 0.8  # chance: 0.5 (balanced labels)
     assert result["val/mlm_acc"] > 1.5 * unigram_baseline()
+    assert result["learning/heads_at_baseline"] == 0, result["learning"]
+    assert {c["head"]: c["status"] for c in result["learning"]}[pair.upper()] == "past baseline"
     # the intrinsic check recomputes the held-out metrics from the last checkpoint, on every val example
     from pretrainlab.studies.intrinsic import evaluate
 
@@ -78,3 +86,6 @@ def test_electra_generator_and_discriminator_learn(tmp_path):
     assert result["val/rtd_acc"] > (1 - replaced) + 0.01, (result["val/rtd_acc"], 1 - replaced)
     assert result["val/rtd_precision"] > 3 * replaced, (result["val/rtd_precision"], replaced)
     assert result["val/rtd_recall"] > 0.05  # it finds a share of the replacements, not one or two
+    # held out, threshold-free: replaced tokens score above original ones, and neither head is at its baseline
+    assert result["learning/rtd_auc"] > 0.65 and result["learning/heads_at_baseline"] == 0, result["learning"]
+    assert result["learning/gen_acc_at_mask"] > 2 * result["learning/gen_unigram_acc"]

@@ -52,6 +52,16 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and (diff["p"] is None or 0 <= diff["p"] <= 1)
     assert diff["mean"] == pytest.approx(table["glue"]["electra"]["score"][0] - table["glue"]["roberta"]["score"][0])
     assert "Difference against roberta" in (root / "report" / "comparison.md").read_text()
+    # at this budget ELECTRA's discriminators find no replacement: those runs are named before the table,
+    # and every run's heads are in learning.md
+    learned = json.loads((root / "report" / "learning.json").read_text())
+    assert sorted(learned) == ["electra-s0", "electra-s1", "roberta-s0", "roberta-s1"] == sorted(table["learning"])
+    status = {(run, c["head"]): c["status"] for run, row in learned.items() for c in row["checks"]}
+    assert status[("electra-s0", "replaced-token detection")] == status[("electra-s1", "replaced-token detection")] \
+        == "at baseline" != status[("roberta-s0", "MLM at [MASK]")]
+    md = (root / "report" / "comparison.md").read_text()
+    assert md.startswith("**Not yet learned: 2 of 4 pretraining runs") and "- electra-s1: replaced-token" in md
+    assert "| roberta-s1 | MLM at [MASK] |" in (root / "report" / "learning.md").read_text()
     flops = {}
     for objective in ("roberta", "electra"):
         meta = json.loads((root / "pretrain" / f"{objective}-s0" / "encoder" / "config.json").read_text())
@@ -105,6 +115,9 @@ def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     assert blimp["roberta"] > 90 and 35 < blimp["scratch"] < 65, blimp
     assert diffs["blimp"]["test"] == "McNemar (exact) over items" and diffs["blimp"]["p"] < 1e-6, diffs["blimp"]
     assert diffs["probe_ner"]["significant"] and diffs["probe_ner"]["mean"] > 40, diffs["probe_ner"]
+    # the masked LM is past its trivial baseline on held-out text, and the report opens with no warning
+    assert [c["status"] for c in table["learning"]["roberta-s0"]["checks"]] == ["past baseline"]
+    assert (tmp_path / "quick" / "report" / "comparison.md").read_text().startswith("| encoder")
 
 
 @pytest.mark.slow

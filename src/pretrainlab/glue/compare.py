@@ -451,7 +451,8 @@ def _header(column: str) -> str:
 def to_markdown(table: dict) -> str:
     cols = columns(table)
     header = ["encoder"] + [_header(c) for c in cols]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [table["preface"], ""] if table.get("preface") else []  # a study's warning comes first
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     seeded_cells = [c for lb in table["labels"] for c in table["cells"][lb].values() if not c.get("items")]
     per_encoder = max((len(set(c["seeds"])) for c in seeded_cells), default=1)
     short = zero_shot = False
@@ -714,10 +715,13 @@ def curve_csv(lines: dict) -> str:
 
 
 def write_report(results: list[dict], out_dir: str | Path, baseline: str | None = None, method: str = "t",
-                 level: float = stats.LEVEL) -> dict:
+                 level: float = stats.LEVEL, preface: str = "", learning: dict | None = None) -> dict:
     """comparison.md, .csv, .png and .json in ``out_dir``; with snapshot results also curve.png and
-    curve.csv (the table's ``curve``)."""
+    curve.csv (the table's ``curve``). ``preface``: what comparison.md says before its table (a
+    study's warning about encoders that have not learned yet); ``learning``: the study's held-out
+    checks of each run (``studies.intrinsic.learning_report``), kept in the table for W&B."""
     table = aggregate(results, baseline, method, level)  # refuses what cannot be compared before anything is written
+    table["preface"], table["learning"] = preface, learning or {}
     table["curve"] = curve(results, method, level)
     table["curves"] = {t: c for t in table["tasks"] if not is_glue(t) and (c := curve(results, method, level, t))}
     finals = [r for r in results if is_final(r)]
@@ -774,6 +778,15 @@ def log_to_wandb(table: dict, out_dir: Path, project: str = "pretrainlab", mode:
                       for p in lines[lb]]),
             "glue/curve_plot": wandb.Image(str(out_dir / "curve.png")),
         })
+    if table.get("learning"):  # what each run learned beside its trivial baseline, and which have not yet
+        run.log({"learning/table": wandb.Table(
+            columns=["run", "head", "held_out", "baseline", "baseline_name", "status"],
+            data=[[name, c["head"], c["value"], c["baseline"], c["baseline_name"], c["status"]]
+                  for name, row in sorted(table["learning"].items()) for c in row["checks"]])})
+        flagged = sorted(name for name, row in table["learning"].items()
+                         if any(c["status"] == "at baseline" for c in row["checks"]))
+        run.summary["learning/runs_at_baseline"] = len(flagged)
+        run.summary["learning/at_baseline"] = ", ".join(flagged) or "none"
     for label, g in table["glue"].items():
         run.summary[f"glue_score/{label}"] = g["score"][0]
     for label in table["labels"]:

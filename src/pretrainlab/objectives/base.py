@@ -17,6 +17,8 @@ head, its loss, FLOPs and export.
         def forward(self, encoder, batch) -> ObjectiveOutput              # loss + detached metrics
         def flops_per_token(self, encoder_config, seq_len) -> float       # for compute-matched runs
         def sentence_scores(self, encoder, sequences) -> np.ndarray        # zero-shot log-likelihoods
+        def tally(self, encoder, batch) -> Tally                          # held-out counts per head
+        def learning(self, tally) -> (metrics, [HeadCheck])               # each head vs its trivial baseline
         @classmethod
         def hf_head(cls, state, arch) -> tuple[str, dict] | None          # its head for transformers
 
@@ -37,6 +39,7 @@ from torch import nn
 
 from pretrainlab.data.examples import Example, ExampleBuilder
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
+from pretrainlab.objectives.learning import HeadCheck, Tally
 from pretrainlab.tokens import SpecialTokens
 
 Batch = dict[str, torch.Tensor]
@@ -105,6 +108,17 @@ class Objective(nn.Module):
         gradients; those that define no likelihood raise NotImplementedError."""
         raise NotImplementedError(f"objective {self.name} defines no zero-shot sentence score: implement "
                                   f"sentence_scores to evaluate it on minimal pairs.")
+
+    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
+        """What each head gets right on a held-out ``batch``, as sums that add over batches and ranks
+        (``pretrainlab.objectives.learning``): counts by the kind of position, summed losses,
+        histograms. Called without gradients, in eval mode. Default: nothing (no learning check)."""
+        return {}
+
+    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+        """The metrics of a summed ``tally`` (its values as numbers and lists, ``learning.to_host``)
+        and each head's verdict beside its trivial baseline (``learning.HeadCheck``)."""
+        return {}, []
 
     @classmethod
     def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig
 from pretrainlab.model.heads import PairHead
 from pretrainlab.objectives.base import Batch, ObjectiveOutput
+from pretrainlab.objectives.learning import HeadCheck, Tally, pair_check, pair_metrics, pair_tally
 from pretrainlab.objectives.masked_lm import MaskedLM
 from pretrainlab.tokens import SpecialTokens
 
@@ -46,3 +48,14 @@ class BERT(MaskedLM):
             mlm_loss + self.pair_weight * pair_loss,
             {"mlm_loss": mlm_loss.detach(), "mlm_acc": mlm_acc, f"{t}_loss": pair_loss.detach(), f"{t}_acc": pair_acc},
         )
+
+    @torch.no_grad()
+    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
+        out = self.encode(encoder, batch)
+        return self.mlm_tally(out, encoder, batch) | pair_tally(self.pair_task, self.pair_head(out.pooled).float(),
+                                                                batch["labels"])
+
+    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+        metrics, checks = super().learning(tally)
+        pair = pair_metrics(self.pair_task, tally)
+        return metrics | pair, [*checks, pair_check(self.pair_task.upper(), self.pair_task, pair)]

@@ -22,6 +22,8 @@ from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead, TokenHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length
+from pretrainlab.objectives.learning import (HeadCheck, Tally, detection_check, detection_metrics, detection_tally,
+                                             masked_check, masked_metrics, masked_tally)
 from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
 from pretrainlab.tokens import SpecialTokens
@@ -88,12 +90,7 @@ class ELECTRA(Objective):
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
         gen_loss, gen_acc, sampled = self.generator_head.loss(gen.hidden_states, word_embeddings, originals,
                                                               self.temperature, batch["sample_uniform"])
-        with torch.no_grad():
-            scored = originals != IGNORE  # empty slots point at [CLS] and change nothing
-            disc_ids = ids.scatter(1, positions, torch.where(scored, sampled, ids.gather(1, positions)))
-            # a sample equal to the original is "original"
-            replaced = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).scatter(
-                1, positions, (scored & (sampled != originals)).float())
+        disc_ids, replaced = self.replace(ids, positions, originals, sampled)
 
         # discriminator: replaced or original, for every non-padding token
         disc = encoder(disc_ids, types, attention)
@@ -117,6 +114,40 @@ class ELECTRA(Objective):
                 "replaced_frac": target.sum() / n_real,
             }
         return ObjectiveOutput(loss, metrics)
+
+    @staticmethod
+    @torch.no_grad()
+    def replace(ids: torch.Tensor, positions: torch.Tensor, originals: torch.Tensor,
+                sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The discriminator's input (the generator's samples at the masked positions) and its
+        target (1.0 where a token was replaced; a sample equal to the original is "original")."""
+        scored = originals != IGNORE  # empty slots point at [CLS] and change nothing
+        disc_ids = ids.scatter(1, positions, torch.where(scored, sampled, ids.gather(1, positions)))
+        replaced = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).scatter(
+            1, positions, (scored & (sampled != originals)).float())
+        return disc_ids, replaced
+
+    @torch.no_grad()
+    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
+        """The generator's counts at the masked positions and the discriminator's on the text the
+        generator's samples make, as in training."""
+        ids, types, attention = batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
+        positions, originals = batch["mlm_positions"], batch["mlm_labels"]
+        weight = encoder.embeddings.word_embeddings.weight
+        gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
+        _, _, sampled = self.generator_head.loss(gen.hidden_states, weight, originals, self.temperature,
+                                                 batch["sample_uniform"])
+        head = self.generator_head
+        counts = masked_tally("gen", lambda h: F.linear(head.transform(h), weight, head.bias), gen.hidden_states,
+                              originals, ids.gather(1, positions), self.tokens.mask_id, weight.shape[0])
+        disc_ids, replaced = self.replace(ids, positions, originals, sampled)
+        logits = self.discriminator_head(encoder(disc_ids, types, attention).hidden_states)
+        return counts | detection_tally("rtd", logits, replaced, attention)
+
+    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+        gen, rtd = masked_metrics("gen", tally), detection_metrics("rtd", tally)
+        return gen | rtd, [detection_check("replaced-token detection", "rtd", rtd),
+                           masked_check("generator at [MASK]", "gen", gen)]
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:

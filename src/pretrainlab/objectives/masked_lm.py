@@ -21,6 +21,7 @@ from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
+from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
 from pretrainlab.objectives.masking import MaskingConfig, corrupt, max_selected, select_tokens, slot_layout
 from pretrainlab.tokens import SpecialTokens
 
@@ -103,6 +104,21 @@ class MaskedLM(Objective):
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
         return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
+
+    def mlm_tally(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> Tally:
+        """The MLM head's counts at the selected positions, by what the encoder was shown there."""
+        weight = encoder.embeddings.word_embeddings.weight
+        shown = batch["input_ids"].gather(1, batch["mlm_positions"])
+        return masked_tally("mlm", lambda h: F.linear(self.mlm_head.transform(h), weight, self.mlm_head.bias),
+                            out.hidden_states, batch["mlm_labels"], shown, self.tokens.mask_id, weight.shape[0])
+
+    @torch.no_grad()
+    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
+        return self.mlm_tally(self.encode(encoder, batch), encoder, batch)
+
+    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+        metrics = masked_metrics("mlm", tally)
+        return metrics, [masked_check("MLM at [MASK]", "mlm", metrics)]
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:

@@ -5,6 +5,7 @@ generator). Everything objective-specific happens in ``objective.forward``; this
 optimises, counts and logs:
 
     train/loss, train/<objective metrics>, val/...    from ObjectiveOutput
+    learning/...                                      each head beside its trivial baseline (held out)
     train/lr, train/tokens_seen, train/flops          for compute-matched comparisons
     budget/used, budget/fraction                      the budget's account (pretrainlab.optim.Budget)
 
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.objectives import learning
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.optim import Budget, OptimConfig
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
@@ -71,6 +73,8 @@ class PretrainModule(L.LightningModule):
         self._compiled = None  # made in setup(), in the process that trains (a compiled function does not pickle)
         self._warmup_start: float | None = None
         self._start_step = 0
+        self._tally: learning.Tally | None = None
+        self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
 
     def objective_loss(self, batch: Batch) -> ObjectiveOutput:
         """The objective's forward and loss on the encoder: what ``compile`` compiles."""
@@ -143,6 +147,28 @@ class PretrainModule(L.LightningModule):
         self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=bs)
         for name, value in out.metrics.items():
             self.log(f"val/{name}", value, sync_dist=True, batch_size=bs)
+        if not self.trainer.sanity_checking:
+            with torch.no_grad():
+                self._tally = learning.add(self._tally, self.objective.tally(self.encoder, batch))
+
+    # --- what the heads learned (objectives.learning) ------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._tally = None
+
+    def on_validation_epoch_end(self) -> None:
+        """Each head's held-out score beside its trivial baseline, from the validation batches'
+        summed tallies (all ranks): logged as ``learning/*``, with ``learning/heads_at_baseline``."""
+        if not self._tally:
+            return
+        if dist.is_available() and dist.is_initialized():
+            for value in self._tally.values():
+                dist.all_reduce(value)
+        metrics, self.learning_checks = self.objective.learning(learning.to_host(self._tally))
+        self._tally = None
+        for name, value in metrics.items():
+            if np.isfinite(value):
+                self.log(f"learning/{name}", float(value), batch_size=1)
+        self.log("learning/heads_at_baseline", float(sum(c.at_baseline for c in self.learning_checks)), batch_size=1)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         # Dropout (and any other torch randomness in the step) is seeded by (seed, step, micro-batch,

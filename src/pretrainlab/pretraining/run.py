@@ -233,8 +233,18 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):
                 log_encoder_artifact(logger, out, objective.name)
+        result["learning"] = [c.to_dict() for c in module.learning_checks]
         if trainer.is_global_zero:
             log.info("%s", summary_line(result, module.tokens, run_dir))
+            for check in module.learning_checks:
+                log.info("learned: %s", check.line())
+            if module.learning_checks and all(c.at_baseline for c in module.learning_checks):
+                log.warning("every head of %s is still at its trivial baseline on held-out text: this encoder has "
+                            "learned token frequencies at most, and comparing it measures nothing of its objective "
+                            "yet. Train longer or larger (docs/studies.md, \"Has it learned?\").", objective.name)
+            elif any(c.at_baseline for c in module.learning_checks):
+                log.warning("%s: %s still at its trivial baseline on held-out text", objective.name,
+                            ", ".join(c.head for c in module.learning_checks if c.at_baseline))
         script.exit_code = 0
     finally:
         script.finish()

@@ -9,7 +9,14 @@
         snapshots/<fraction>/glue/...               with ``snapshots``: the encoder at that fraction of
                                                     the budget, and its GLUE suite
     <root>/<study>/report/                          comparison.md / .csv / .png / .json; curve.png /
-                                                    .csv with snapshots; intrinsic.md (held-out metrics)
+                                                    .csv with snapshots; learning.md (each run's heads
+                                                    beside their trivial baselines); intrinsic.md
+                                                    (held-out metrics, the NSP/SOP cross-check)
+
+Once pretraining is done, and before any fine-tuning, every run's heads are scored on the held-out
+documents beside their trivial baselines (``objectives.learning``): a run still at its baseline is
+named in the console then, at the top of comparison.md and in W&B, since comparing it measures
+nothing of its objective yet.
 
 Before anything runs, whatever is already there is checked against the study's settings: a
 pretraining run made (or started) with other settings (any key of the composed pretraining config
@@ -40,7 +47,8 @@ from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
-from pretrainlab.studies.intrinsic import intrinsic_markdown, intrinsic_report
+from pretrainlab.studies.intrinsic import (at_baseline, intrinsic_markdown, intrinsic_report, learning_preface,
+                                           learning_report)
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
@@ -157,6 +165,9 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
             log.info("pretraining %s: resuming from %s", name, train_cfg.ckpt_path)
         pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
 
+    # what each run learned, before any fine-tuning: a run still at its trivial baseline is named now
+    report = root / "report"
+    learned = learning_report(runs, report)
     for run_dir in runs:
         for fraction in fractions:
             if not (snapshot_dir(run_dir, fraction) / "config.json").is_file():
@@ -176,9 +187,13 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         return (r["task"] in wanted_tasks and r["seed"] in seeds
                 and (is_final(r) or any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
 
-    report = root / "report"
-    table = write_report(collect([str(r) for r in runs], keep=asked), report, baseline=cfg.get("baseline"))
+    table = write_report(collect([str(r) for r in runs], keep=asked), report, baseline=cfg.get("baseline"),
+                         preface=learning_preface(learned), learning=learned)
     print(to_markdown(table))
+    if flagged := at_baseline(learned):
+        log.warning("%d of %d pretraining runs are still at their trivial baseline (%s): the comparison measures "
+                    "nothing of their objectives yet; see %s", len(flagged), len(learned), ", ".join(sorted(flagged)),
+                    report / "learning.md")
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
     log.info("report -> %s (comparison.md, .csv, .png)", report)

@@ -1,5 +1,8 @@
 """Intrinsic checks of pretraining runs, at no fine-tuning cost.
 
+- What each run learned: every head's held-out score beside its trivial baseline
+  (``objectives.learning``), in ``learning.md``; a study warns about, and its comparison opens with,
+  every run still at its baseline.
 - Each run's own held-out metrics (``val/*``: MLM accuracy and loss, the pair task's accuracy,
   ELECTRA's replaced-token detection), recomputed from its last checkpoint on the documents every
   run of the study holds out (``split_seed``), so that the runs are read side by side.
@@ -23,6 +26,8 @@ from pretrainlab import atomic
 from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder
+from pretrainlab.objectives import learning
+from pretrainlab.objectives.learning import AT, HeadCheck
 from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
 from pretrainlab.runtime.checkpoints import read
 
@@ -59,6 +64,7 @@ def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int 
                                     val_batch_size=batch_size)
     datamodule.val_store = data.examples(builder, "val")
     sums: dict[str, float] = {}
+    tally = None
     count = 0
     for i, batch in enumerate(datamodule.val_dataloader()):
         if max_batches is not None and i >= max_batches:
@@ -69,7 +75,79 @@ def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int 
         for name, value in {"loss": out.loss, **out.metrics}.items():
             sums[name] = sums.get(name, 0.0) + float(value) * n
         count += n
-    return {name: total / count for name, total in sums.items()} | {"examples": count}
+        if pair_task is None:
+            tally = learning.add(tally, objective.tally(encoder, batch))
+    result: dict = {name: total / count for name, total in sums.items()} | {"examples": count}
+    if pair_task is None:
+        metrics, checks = objective.learning(learning.to_host(tally or {}))
+        result["learning"] = {"objective": objective.name, "metrics": metrics, "checks": [c.to_dict() for c in checks]}
+    return result
+
+
+def held_out(run: Path) -> dict | None:
+    """The run's own held-out evaluation (``evaluate``), computed once per checkpoint and kept in
+    ``<run>/intrinsic.json``; None (with a warning) for a run without ``checkpoints/last.ckpt``."""
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    if not checkpoint.is_file():
+        log.warning("%s has no checkpoints/last.ckpt: left out of the held-out checks", run)
+        return None
+    cached, stamp = run / "intrinsic.json", checkpoint.stat().st_mtime_ns
+    row = json.loads(cached.read_text()) if cached.is_file() else {}
+    if row.get("checkpoint_mtime_ns") != stamp or "learning" not in row.get("own", {}):
+        row = {"checkpoint_mtime_ns": stamp, "own": evaluate(run)}
+        atomic.write_json(cached, row)
+    return row
+
+
+def learning_report(runs: list[Path], out_dir: Path) -> dict[str, dict]:
+    """What each run's heads learned beside their trivial baselines, on the held-out documents
+    (``objectives.learning``): ``learning.json`` and ``learning.md`` in ``out_dir``, and a warning for
+    every head still at its baseline. Returns {run name: {"objective", "metrics", "checks"}}."""
+    rows = {run.name: row["own"]["learning"] for run in runs if (row := held_out(run)) is not None}
+    for name, row in rows.items():
+        for check in row["checks"]:
+            if check["status"] == AT:
+                log.warning("%s: %s", name, HeadCheck(**check).line())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(out_dir / "learning.json", rows)
+    atomic.write_text(out_dir / "learning.md", learning_markdown(rows) + "\n")
+    return rows
+
+
+def at_baseline(rows: dict[str, dict]) -> dict[str, list[HeadCheck]]:
+    """The runs with a head still at its trivial baseline, and those heads."""
+    flagged = {name: [HeadCheck(**c) for c in row["checks"] if c["status"] == AT] for name, row in rows.items()}
+    return {name: checks for name, checks in flagged.items() if checks}
+
+
+def learning_markdown(rows: dict[str, dict]) -> str:
+    lines = ["What each run learned: every head on the held-out documents beside its trivial baseline", "",
+             "| run | head | held out | trivial baseline | verdict | details |", "|---|---|---|---|---|---|"]
+    for name, row in sorted(rows.items()):
+        if not row["checks"]:
+            lines.append(f"| {name} | – | – | – | objective {row['objective']} defines no learning check | |")
+        for c in row["checks"]:
+            verdict = f"**{c['status']}**" if c["status"] == AT else c["status"]
+            lines.append(f"| {name} | {c['head']} | {c['value']:.3f} | {c['baseline']:.3f} ({c['baseline_name']}) | "
+                         f"{verdict} | {c['detail']} |")
+    lines += ["", "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
+                  "same positions (past baseline: at least twice it, with a loss below the token frequencies'); replaced-token detection: AUC beside always "
+                  "answering \"original\" (0.5; past: AUC >= 0.75 with a tenth of the replacements found; at "
+                  "baseline: under 2% found); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
+                  "z >= 3). A comparison of encoders at their baseline measures nothing of their objectives yet."]
+    return "\n".join(lines)
+
+
+def learning_preface(rows: dict[str, dict]) -> str:
+    """The warning that heads a study's comparison when any run is still at its trivial baseline ('' if none)."""
+    flagged = at_baseline(rows)
+    if not flagged:
+        return ""
+    lines = [f"**Not yet learned: {len(flagged)} of {len(rows)} pretraining runs have a head still at its trivial "
+             "baseline on held-out text.** What the table below says of them measures token frequencies at most, "
+             "not their objectives (learning.md):", ""]
+    lines += [f"- {name}: " + "; ".join(c.line() for c in checks) for name, checks in sorted(flagged.items())]
+    return "\n".join(lines)
 
 
 def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
@@ -78,22 +156,14 @@ def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
     ``<run>/intrinsic.json``."""
     rows = {}
     for run in runs:
-        cached = run / "intrinsic.json"
-        stamp = (run / "checkpoints" / "last.ckpt").stat().st_mtime_ns if (run / "checkpoints" / "last.ckpt").is_file() \
-            else None
-        if stamp is None:
-            log.warning("%s has no checkpoints/last.ckpt: left out of the intrinsic checks", run)
+        row = held_out(run)
+        if row is None:
             continue
-        row = json.loads(cached.read_text()) if cached.is_file() else {}
-        if row.get("checkpoint_mtime_ns") == stamp:
-            rows[run.name] = row
-            continue
-        row = {"checkpoint_mtime_ns": stamp, "own": evaluate(run)}
         pair = next((t for t in PAIR_TASKS if f"{t}_acc" in row["own"]), None)
-        if pair is not None:
+        if pair is not None and "cross" not in row:
             other = PAIR_TASKS[1 - PAIR_TASKS.index(pair)]
             row["cross"] = {"head": pair, "pairs": other, "acc": evaluate(run, other)[f"{pair}_acc"]}
-        atomic.write_json(cached, row)
+            atomic.write_json(run / "intrinsic.json", row)
         rows[run.name] = row
     report = {"runs": rows}
     atomic.write_json(out_dir / "intrinsic.json", report)
@@ -103,7 +173,7 @@ def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
 
 def intrinsic_markdown(report: dict) -> str:
     rows = report["runs"]
-    metrics = sorted({m for r in rows.values() for m in r["own"] if m != "examples"},
+    metrics = sorted({m for r in rows.values() for m in r["own"] if m not in ("examples", "learning")},
                      key=lambda m: (not m.startswith("mlm"), m))
     lines = ["| run | " + " | ".join(metrics) + " | pair head on the other task's pairs |",
              "|" + "---|" * (len(metrics) + 2)]
@@ -119,4 +189,5 @@ def intrinsic_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["evaluate", "intrinsic_markdown", "intrinsic_report"]
+__all__ = ["at_baseline", "evaluate", "held_out", "intrinsic_markdown", "intrinsic_report", "learning_markdown",
+           "learning_preface", "learning_report"]

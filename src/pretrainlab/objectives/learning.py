@@ -1,0 +1,220 @@
+"""What each pretraining head has learned, beside what it would score having learned nothing.
+
+A head's loss going down says little on its own: a masked LM that has learned only token
+frequencies scores the most frequent token's share at [MASK] positions, and its accuracy over all
+selected tokens looks far better because a tenth of them are shown unchanged and copied. Every
+objective therefore counts, on held-out batches, what its heads get right (``Objective.tally``) and
+judges each against its trivial baseline (``Objective.learning``):
+
+    masked LM (and ELECTRA's generator)   accuracy at [MASK] positions against the most frequent
+                                          token of the same positions (the unigram baseline);
+                                          kept and randomly replaced positions reported apart
+    replaced-token detection (ELECTRA)    recall, precision and AUC of "replaced" against always
+                                          answering "original" (recall 0, AUC 0.5)
+    sentence-pair heads (NSP, SOP)        accuracy against the majority label of the held-out pairs
+
+Tallies are sums (counts, summed losses, histograms), so they add exactly over batches and ranks;
+``add`` accumulates them and ``HeadCheck`` is the verdict on one head:
+
+    at baseline      indistinguishable from its trivial baseline: a comparison of encoders whose
+                     heads are all here measures nothing of their objectives yet
+    above baseline   learning, but not yet clearly
+    past baseline    clearly past it (masked LM: at least twice the unigram baseline's accuracy
+                     and a lower loss than the token frequencies'; detection: AUC at least 0.75
+                     with a tenth of the replacements found; pair heads: 5 points over the majority
+                     label, significantly)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pretrainlab.model.heads import IGNORE
+
+KINDS = ("mask", "kept", "random")  # what the model was shown at a selected position
+LOGIT_RANGE, LOGIT_BINS = 16.0, 2048  # the detection histogram: logits clamped to +-16 in 2048 bins
+AT, ABOVE, PAST = "at baseline", "above baseline", "past baseline"
+
+Tally = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class HeadCheck:
+    """One head's held-out score beside its trivial baseline, and the verdict."""
+
+    head: str            # "MLM at [MASK]"
+    metric: str          # the metric's name in the run's logs: "mlm_acc_at_mask"
+    value: float
+    baseline: float
+    baseline_name: str   # "most frequent token"
+    status: str          # AT, ABOVE or PAST
+    detail: str = ""     # further numbers worth reading beside it
+
+    @property
+    def at_baseline(self) -> bool:
+        return self.status == AT
+
+    def line(self) -> str:
+        extra = f"; {self.detail}" if self.detail else ""
+        return f"{self.head} {self.value:.3f} vs {self.baseline_name} {self.baseline:.3f}{extra}: {self.status}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def add(total: Tally | None, tally: Tally) -> Tally:
+    """``total`` + ``tally``, key by key (detached)."""
+    if not total:
+        return {k: v.detach().clone() for k, v in tally.items()}
+    for k, v in tally.items():
+        total[k] = total[k] + v.detach() if k in total else v.detach().clone()
+    return total
+
+
+def to_host(tally: Tally) -> dict[str, float | list[float]]:
+    """A tally as plain numbers (scalars) and lists (histograms, counts), for JSON and ``learning``."""
+    return {k: (float(v) if v.numel() == 1 else v.double().cpu().tolist()) for k, v in tally.items()}
+
+
+# --- masked-LM heads ---------------------------------------------------------------------------------
+def masked_tally(prefix: str, logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                 labels: torch.Tensor, shown: torch.Tensor, mask_id: int, vocab_size: int,
+                 chunk: int = 2048) -> Tally:
+    """Counts of a masked-LM head at its selected positions, by what the model was shown there.
+
+    hidden (batch, slots, d): the encoder's output at the selected positions; labels (batch, slots):
+    the original ids (``IGNORE`` in empty slots); shown (batch, slots): the ids the model was given
+    there ([MASK], the original kept, or a random token); ``logits``: hidden -> vocabulary logits.
+    Rows are scored ``chunk`` at a time, so the vocabulary-sized logits of a large batch are never
+    held at once."""
+    scored = labels != IGNORE
+    h, y, x = hidden[scored], labels[scored], shown[scored]
+    kind = torch.where(x == mask_id, 0, torch.where(x == y, 1, 2))
+    correct = torch.zeros(len(y), dtype=torch.bool, device=y.device)
+    nll = torch.zeros(len(y), dtype=torch.float64, device=y.device)
+    for s in range(0, len(y), chunk):
+        z = logits(h[s:s + chunk]).float()
+        correct[s:s + chunk] = z.argmax(-1) == y[s:s + chunk]
+        nll[s:s + chunk] = F.cross_entropy(z, y[s:s + chunk], reduction="none").double()
+    out: Tally = {}
+    for k, name in enumerate(KINDS):
+        sel = kind == k
+        out[f"{prefix}_n_{name}"] = sel.sum().double()
+        out[f"{prefix}_correct_{name}"] = (correct & sel).sum().double()
+        out[f"{prefix}_nll_{name}"] = nll[sel].sum()
+    out[f"{prefix}_labels_at_mask"] = torch.bincount(y[kind == 0], minlength=vocab_size).double()
+    return out
+
+
+def masked_metrics(prefix: str, tally: dict) -> dict[str, float]:
+    """Accuracy and loss at [MASK], kept and random positions; the unigram baseline at [MASK]: the
+    accuracy of always answering the most frequent token there, and the loss of the token
+    frequencies there (the best context-free prediction)."""
+    out = {}
+    for name in KINDS:
+        n = tally[f"{prefix}_n_{name}"]
+        out[f"{prefix}_acc_at_{name}"] = tally[f"{prefix}_correct_{name}"] / n if n else math.nan
+        out[f"{prefix}_loss_at_{name}"] = tally[f"{prefix}_nll_{name}"] / n if n else math.nan
+    counts = torch.as_tensor(tally[f"{prefix}_labels_at_mask"], dtype=torch.float64)
+    n = float(counts.sum())
+    p = counts[counts > 0] / n if n else counts
+    out[f"{prefix}_unigram_acc"] = float(p.max()) if n else math.nan
+    out[f"{prefix}_unigram_loss"] = float(-(p * p.log()).sum()) if n else math.nan
+    out[f"{prefix}_n_at_mask"] = tally[f"{prefix}_n_mask"]
+    return out
+
+
+def masked_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
+    value, base = m[f"{prefix}_acc_at_mask"], m[f"{prefix}_unigram_acc"]
+    beats_frequencies = m[f"{prefix}_loss_at_mask"] < m[f"{prefix}_unigram_loss"]
+    status = AT if value < 1.25 * base else PAST if value >= 2 * base and beats_frequencies else ABOVE
+    shown = ", ".join(f"at {name} positions {m[f'{prefix}_acc_at_{name}']:.3f}" for name in KINDS[1:]
+                      if math.isfinite(m[f"{prefix}_acc_at_{name}"]))
+    detail = (f"loss at [MASK] {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}"
+              + (f"; accuracy {shown}" if shown else ""))
+    return HeadCheck(head, f"{prefix}_acc_at_mask", value, base, "most frequent token", status, detail)
+
+
+# --- replaced-token detection ------------------------------------------------------------------------
+def detection_tally(prefix: str, logits: torch.Tensor, replaced: torch.Tensor, real: torch.Tensor) -> Tally:
+    """Counts of a detector whose ``logits`` say "replaced" (> 0) for the tokens where ``real``, with the
+    truth in ``replaced``; histograms of the logits of replaced and original tokens for the AUC."""
+    real = real.bool()
+    z, t = logits.float()[real], replaced.bool()[real]
+    pred = z > 0
+    edges = z.clamp(-LOGIT_RANGE, LOGIT_RANGE)
+    hist = lambda v: torch.histc(v, bins=LOGIT_BINS, min=-LOGIT_RANGE, max=LOGIT_RANGE).double()  # noqa: E731
+    return {
+        f"{prefix}_n": torch.tensor(float(len(t)), dtype=torch.float64, device=z.device),
+        f"{prefix}_n_replaced": t.sum().double(),
+        f"{prefix}_tp": (pred & t).sum().double(),
+        f"{prefix}_fp": (pred & ~t).sum().double(),
+        f"{prefix}_nll": F.binary_cross_entropy_with_logits(z, t.float(), reduction="sum").double(),
+        f"{prefix}_hist_replaced": hist(edges[t]),
+        f"{prefix}_hist_original": hist(edges[~t]),
+    }
+
+
+def auc_from_histograms(positive, negative) -> float:
+    """P(a positive scores above a negative), ties (the same bin) counted half."""
+    pos, neg = torch.as_tensor(positive, dtype=torch.float64), torch.as_tensor(negative, dtype=torch.float64)
+    n_pos, n_neg = float(pos.sum()), float(neg.sum())
+    if not n_pos or not n_neg:
+        return math.nan
+    below = torch.cumsum(neg, 0) - neg  # negatives in lower bins
+    return float((pos * (below + 0.5 * neg)).sum()) / (n_pos * n_neg)
+
+
+def detection_metrics(prefix: str, tally: dict) -> dict[str, float]:
+    n, n_rep, tp, fp = (tally[f"{prefix}_{k}"] for k in ("n", "n_replaced", "tp", "fp"))
+    rate = n_rep / n if n else math.nan
+    return {
+        f"{prefix}_recall": tp / n_rep if n_rep else math.nan,
+        f"{prefix}_precision": tp / (tp + fp) if tp + fp else 0.0,
+        f"{prefix}_auc": auc_from_histograms(tally[f"{prefix}_hist_replaced"], tally[f"{prefix}_hist_original"]),
+        f"{prefix}_acc": (tp + (n - n_rep - fp)) / n if n else math.nan,  # (true positives + true negatives) / n
+        f"{prefix}_loss": tally[f"{prefix}_nll"] / n if n else math.nan,
+        f"{prefix}_base_acc": 1 - rate,  # always "original"
+        f"{prefix}_base_loss": (-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+                                if 0 < rate < 1 else 0.0),  # the base rate, every token alike
+        f"{prefix}_replaced_frac": rate,
+    }
+
+
+def detection_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
+    recall, auc = m[f"{prefix}_recall"], m[f"{prefix}_auc"]
+    status = PAST if auc >= 0.75 and recall >= 0.1 else AT if recall < 0.02 or auc < 0.55 else ABOVE
+    detail = (f"recall {recall:.3f}, precision {m[f'{prefix}_precision']:.3f}, accuracy {m[f'{prefix}_acc']:.3f} "
+              f"(always original: {m[f'{prefix}_base_acc']:.3f}), loss {m[f'{prefix}_loss']:.4f} "
+              f"(base rate: {m[f'{prefix}_base_loss']:.4f})")
+    return HeadCheck(head, f"{prefix}_auc", auc, 0.5, "always original", status, detail)
+
+
+# --- sentence-pair heads -----------------------------------------------------------------------------
+def pair_tally(prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> Tally:
+    return {f"{prefix}_n": torch.tensor(float(len(labels)), dtype=torch.float64, device=labels.device),
+            f"{prefix}_correct": (logits.argmax(-1) == labels).sum().double(),
+            f"{prefix}_positive": labels.sum().double()}
+
+
+def pair_metrics(prefix: str, tally: dict) -> dict[str, float]:
+    n, correct, positive = (tally[f"{prefix}_{k}"] for k in ("n", "correct", "positive"))
+    return {f"{prefix}_acc": correct / n if n else math.nan,
+            f"{prefix}_majority": max(positive, n - positive) / n if n else math.nan, f"{prefix}_n": n}
+
+
+def pair_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
+    acc, base, n = m[f"{prefix}_acc"], m[f"{prefix}_majority"], m[f"{prefix}_n"]
+    z = (acc - base) * math.sqrt(n) / math.sqrt(base * (1 - base)) if n and 0 < base < 1 else 0.0
+    status = PAST if z >= 3 and acc >= base + 0.05 else AT if z < 3 or acc < base + 0.02 else ABOVE
+    return HeadCheck(head, f"{prefix}_acc", acc, base, "majority label", status, f"{int(n)} pairs")
+
+
+__all__ = ["ABOVE", "AT", "PAST", "HeadCheck", "Tally", "add", "auc_from_histograms", "detection_check",
+           "detection_metrics", "detection_tally", "masked_check", "masked_metrics", "masked_tally",
+           "pair_check", "pair_metrics", "pair_tally", "to_host"]

@@ -1,0 +1,198 @@
+"""What each head learned beside its trivial baseline (objectives.learning): the counts against a direct
+computation, the verdicts at both ends, and what a run and a study say about it."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.model.heads import IGNORE
+from pretrainlab.objectives import learning
+from pretrainlab.pretraining.run import build_objective
+from pretrainlab.tokens import SpecialTokens
+from tests.conftest import CONF, SMALL, compose_train, random_documents
+
+MASK = 4
+OBJECTIVES = [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))]
+
+
+def test_masked_counts_split_by_what_the_model_was_shown_and_the_unigram_baseline_is_exact():
+    rng = np.random.default_rng(0)
+    vocab, n = 50, 4000
+    labels = torch.as_tensor(rng.choice(vocab, size=(40, 100), p=np.r_[0.3, np.full(vocab - 1, 0.7 / (vocab - 1))]))
+    labels[:, 90:] = IGNORE  # empty slots
+    kind = torch.as_tensor(rng.choice(3, size=labels.shape, p=[0.8, 0.1, 0.1]))
+    shown = torch.where(kind == 0, MASK, torch.where(kind == 1, labels, torch.as_tensor(rng.integers(5, vocab, labels.shape))))
+    predicted = torch.where(torch.as_tensor(rng.random(labels.shape) < 0.4), labels, torch.zeros_like(labels))
+    hidden = predicted.clamp(min=0)[..., None].float()  # the "hidden state" is the prediction itself
+
+    def logits(h):  # a head that puts 3 nats on its prediction
+        return torch.nn.functional.one_hot(h[:, 0].long(), vocab).float() * 3.0
+
+    tally = learning.masked_tally("mlm", logits, hidden, labels, shown, MASK, vocab, chunk=333)
+    m = learning.masked_metrics("mlm", learning.to_host(tally))
+    real = labels != IGNORE
+    truly = torch.where(shown == MASK, 0, torch.where(shown == labels, 1, 2))  # a random token equal to the label is "kept"
+    for k, name in enumerate(learning.KINDS):
+        sel = real & (truly == k)
+        assert m[f"mlm_acc_at_{name}"] == pytest.approx(float((predicted[sel] == labels[sel]).float().mean()))
+    at_mask = labels[real & (truly == 0)]
+    counts = np.bincount(at_mask.numpy(), minlength=vocab)
+    assert m["mlm_unigram_acc"] == pytest.approx(counts.max() / counts.sum()) and 0.25 < m["mlm_unigram_acc"] < 0.35
+    p = counts[counts > 0] / counts.sum()
+    assert m["mlm_unigram_loss"] == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert m["mlm_n_at_mask"] == len(at_mask) > 0.7 * n
+    # the verdict: 0.4 + 0.6 * 0.3 ~ 0.58 at [MASK] is under twice the 0.3 baseline
+    assert learning.masked_check("MLM at [MASK]", "mlm", m).status == learning.ABOVE
+    # tallies add: two halves give the whole
+    halves = [learning.masked_tally("mlm", logits, hidden[s], labels[s], shown[s], MASK, vocab)
+              for s in (slice(0, 17), slice(17, None))]
+    whole = learning.to_host(learning.add(learning.add(None, halves[0]), halves[1]))
+    assert learning.masked_metrics("mlm", whole) == pytest.approx(m)
+
+
+def test_auc_from_histograms_is_the_rank_statistic():
+    rng = np.random.default_rng(1)
+    replaced = torch.as_tensor(rng.random(5000) < 0.15)
+    logits = torch.as_tensor(rng.normal(0, 2, 5000) + 1.5 * replaced.numpy() - 2.0, dtype=torch.float32)
+    tally = learning.detection_tally("rtd", logits, replaced.float(), torch.ones(5000, dtype=torch.bool))
+    m = learning.detection_metrics("rtd", learning.to_host(tally))
+    pos, neg = logits[replaced].numpy(), logits[~replaced].numpy()
+    exact = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+    assert m["rtd_auc"] == pytest.approx(exact, abs=2e-3) and 0.65 < exact < 0.8
+    pred = logits > 0
+    assert m["rtd_recall"] == pytest.approx(float((pred & replaced).sum() / replaced.sum()))
+    assert m["rtd_precision"] == pytest.approx(float((pred & replaced).sum() / pred.sum()))
+    assert m["rtd_acc"] == pytest.approx(float((pred == replaced).float().mean()))
+    assert m["rtd_base_acc"] == pytest.approx(1 - float(replaced.float().mean()))
+
+
+def test_a_detector_that_always_says_original_is_at_its_baseline():
+    replaced = torch.as_tensor(np.random.default_rng(2).random((64, 30)) < 0.15).float()
+    real = torch.ones_like(replaced, dtype=torch.bool)
+    real[:, 25:] = False  # padding is not scored
+    m = learning.detection_metrics("rtd", learning.to_host(
+        learning.detection_tally("rtd", torch.full(replaced.shape, -3.0), replaced, real)))
+    rate = float(replaced[real].mean())
+    assert m["rtd_recall"] == 0 and m["rtd_precision"] == 0 and m["rtd_auc"] == pytest.approx(0.5)
+    assert m["rtd_acc"] == pytest.approx(1 - rate) == m["rtd_base_acc"]
+    assert m["rtd_loss"] > m["rtd_base_loss"] == pytest.approx(-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)))
+    assert learning.detection_check("replaced-token detection", "rtd", m).at_baseline
+
+
+@pytest.mark.parametrize("correct, status", [(5000, learning.AT), (5150, learning.AT), (5300, learning.ABOVE),
+                                             (6000, learning.PAST)])
+def test_pair_heads_are_judged_against_the_majority_label_with_their_sample_size(correct, status):
+    tally = {"nsp_n": 10000.0, "nsp_correct": float(correct), "nsp_positive": 5000.0}
+    m = learning.pair_metrics("nsp", tally)
+    assert m["nsp_majority"] == 0.5 and learning.pair_check("NSP", "nsp", m).status == status
+
+
+def _batch_and_parts(name: str, seed: int = 0):
+    tokens = SpecialTokens(500, 0, 1, 2, 3, MASK, np.zeros(500, dtype=bool))
+    config = EncoderConfig(vocab_size=500, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    torch.manual_seed(seed)
+    objective = build_objective(compose_train(f"objective={name}"), config, tokens).eval()
+    encoder = Encoder(config).eval()
+    examples = list(objective.example_builder(48)(random_documents(60, seed), np.random.default_rng(seed)))
+    batch = objective.collator()(examples[:32], torch.Generator().manual_seed(seed))
+    return tokens, objective, encoder, batch
+
+
+@pytest.mark.parametrize("name", OBJECTIVES)
+def test_every_objective_tallies_its_heads_and_an_untrained_one_is_at_its_baseline(name):
+    """Every conf/objective/ option defines its learning check; an untrained model is at its baseline
+    on every head; the counts equal the training forward's own metrics on the same batch."""
+    tokens, objective, encoder, batch = _batch_and_parts(name)
+    with torch.no_grad():
+        tally = objective.tally(encoder, batch)
+        out = objective(encoder, batch)
+    assert tally and all(not v.requires_grad for v in tally.values())
+    metrics, checks = objective.learning(learning.to_host(tally))
+    assert checks and all(c.at_baseline for c in checks), [c.line() for c in checks]
+    if "mlm_acc" in out.metrics:  # the training metric is the accuracy over every selected position
+        n = sum(metrics[f"mlm_n_at_{k}"] if k == "mask" else tally[f"mlm_n_{k}"] for k in learning.KINDS)
+        hits = sum(tally[f"mlm_correct_{k}"] for k in learning.KINDS)
+        assert float(hits / n) == pytest.approx(float(out.metrics["mlm_acc"]), abs=1e-6)
+    if "rtd_recall" in out.metrics:  # the same replacements as in training: the same counts
+        assert metrics["rtd_recall"] == pytest.approx(float(out.metrics["rtd_recall"]), abs=1e-6)
+        assert metrics["rtd_replaced_frac"] == pytest.approx(float(out.metrics["replaced_frac"]), abs=1e-6)
+    for pair in ("nsp", "sop"):
+        if f"{pair}_acc" in out.metrics:
+            assert metrics[f"{pair}_acc"] == pytest.approx(float(out.metrics[f"{pair}_acc"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["roberta", "albert"])
+def test_accuracy_at_mask_equals_an_independent_full_sequence_computation(name):
+    """Independent of the slot layout: run the encoder on the whole corrupted sequences, take the MLM
+    head's argmax at every position shown as [MASK] and compare it with the original tokens."""
+    tokens, objective, encoder, batch = _batch_and_parts(name, seed=3)
+    with torch.no_grad():
+        metrics, _ = objective.learning(learning.to_host(objective.tally(encoder, batch)))
+        hidden = encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]).hidden_states
+        logits = torch.nn.functional.linear(objective.mlm_head.transform(hidden),
+                                            encoder.embeddings.word_embeddings.weight, objective.mlm_head.bias)
+    original = batch["input_ids"].clone()
+    keep = batch["mlm_labels"] != IGNORE
+    rows = torch.arange(len(original))[:, None].expand_as(batch["mlm_positions"])
+    original[rows[keep], batch["mlm_positions"][keep]] = batch["mlm_labels"][keep]
+    at_mask = batch["input_ids"] == MASK
+    assert at_mask.sum() > 100
+    direct = (logits.argmax(-1)[at_mask] == original[at_mask]).float().mean()
+    assert metrics["mlm_acc_at_mask"] == pytest.approx(float(direct), abs=1e-6)
+    counts = torch.bincount(original[at_mask])
+    assert metrics["mlm_unigram_acc"] == pytest.approx(float(counts.max() / counts.sum()))
+
+
+def test_a_run_logs_what_it_learned_and_warns_while_at_its_baseline(tmp_path, caplog):
+    from pretrainlab.pretraining.run import run
+
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        result = run(compose_train(*SMALL, "objective=bert", "max_steps=4", "val_every=4"), tmp_path)
+    heads = {c["head"]: c for c in result["learning"]}
+    assert set(heads) == {"MLM at [MASK]", "NSP"} and all(c["status"] == learning.AT for c in heads.values())
+    assert result["learning/heads_at_baseline"] == 2
+    assert result["learning/mlm_acc_at_mask"] < 1.25 * result["learning/mlm_unigram_acc"]
+    assert "every head of bert is still at its trivial baseline" in caplog.text
+    assert "learned: MLM at [MASK]" in caplog.text
+    # the metrics reach the logger (CSV here; W&B the same way)
+    logged = (next(tmp_path.glob("csv/**/metrics.csv"))).read_text().splitlines()[0].split(",")
+    assert {"learning/mlm_acc_at_mask", "learning/mlm_unigram_acc", "learning/nsp_majority"} <= set(logged)
+
+
+def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_them(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pretrainlab.glue.compare import log_to_wandb, write_report
+    from pretrainlab.studies.intrinsic import learning_markdown, learning_preface
+    from tests.test_glue import _result
+
+    def check(head, status, value=0.05):
+        return learning.HeadCheck(head, "m", value, 0.05, "most frequent token", status, "").to_dict()
+
+    rows = {"roberta-s0": {"objective": "roberta", "metrics": {}, "checks": [check("MLM at [MASK]", learning.AT)]},
+            "bert-s0": {"objective": "bert", "metrics": {},
+                        "checks": [check("MLM at [MASK]", learning.PAST, 0.3), check("NSP", learning.PAST, 0.9)]}}
+    results = [_result(label, "tiny", 0, label, "rte", s, v) for label in ("roberta", "bert")
+               for s, v in enumerate([0.5, 0.55, 0.6])]
+    table = write_report(results, tmp_path, preface=learning_preface(rows), learning=rows)
+    md = (tmp_path / "comparison.md").read_text()
+    preface = md.split("| encoder")[0]
+    assert md.startswith("**Not yet learned: 1 of 2 pretraining runs") and "- roberta-s0: MLM at [MASK] 0.050" in preface
+    assert "bert-s0" not in preface
+    assert "**at baseline**" in learning_markdown(rows) and learning_preface({"bert-s0": rows["bert-s0"]}) == ""
+    run_dir = log_to_wandb(table, tmp_path, mode="offline", group="learning-test")
+    offline = Path(run_dir).parent  # <dir>/wandb/offline-run-*/files
+    inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
+                               capture_output=True, text=True)
+    summary = json.loads(inspected.stdout)["summary"]
+    assert summary["learning/at_baseline"] == "roberta-s0" and summary["learning/runs_at_baseline"] == 1
+    logged = json.loads(next(Path(run_dir).glob("media/table/learning/table_*.table.json")).read_text())
+    assert sorted((r[0], r[1], r[5]) for r in logged["data"]) == [
+        ("bert-s0", "MLM at [MASK]", "past baseline"), ("bert-s0", "NSP", "past baseline"),
+        ("roberta-s0", "MLM at [MASK]", "at baseline")]
