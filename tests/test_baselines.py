@@ -160,6 +160,11 @@ def test_a_run_logs_what_it_learned_and_warns_while_at_its_baseline(tmp_path, ca
     # the metrics reach the logger (CSV here; W&B the same way)
     logged = (next(tmp_path.glob("csv/**/metrics.csv"))).read_text().splitlines()[0].split(",")
     assert {"learning/mlm_acc_at_mask", "learning/mlm_unigram_acc", "learning/nsp_majority"} <= set(logged)
+    from pretrainlab.pretraining.learning_log import read_rows
+
+    curve = read_rows(tmp_path / "learning.csv")  # whatever the logger: one row per validation
+    assert [r["step"] for r in curve] == ["4"] and curve[0]["status:NSP"] == learning.AT
+    assert float(curve[0]["mlm_acc_at_mask"]) == pytest.approx(result["learning/mlm_acc_at_mask"])
 
 
 def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_them(tmp_path):
@@ -196,3 +201,36 @@ def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_t
     assert sorted((r[0], r[1], r[5]) for r in logged["data"]) == [
         ("bert-s0", "MLM at [MASK]", "past baseline"), ("bert-s0", "NSP", "past baseline"),
         ("roberta-s0", "MLM at [MASK]", "at baseline")]
+
+
+def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_replaces_what_it_redoes(tmp_path):
+    from types import SimpleNamespace
+
+    from pretrainlab.pretraining.learning_log import LearningLog, read_rows
+    from pretrainlab.studies.intrinsic import learning_curves
+
+    log = LearningLog(tmp_path)
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True)
+
+    def validate(step, value, status):
+        row = {"step": step, "tokens": 100.0 * step, "flops": 1e6 * step, "mlm_acc_at_mask": value,
+               "value:MLM at [MASK]": value, "baseline:MLM at [MASK]": 0.1, "status:MLM at [MASK]": status}
+        log.on_validation_end(trainer, SimpleNamespace(learning_row=row))
+
+    for step, value, status in [(10, 0.1, learning.AT), (20, 0.15, learning.ABOVE), (30, 0.3, learning.PAST)]:
+        validate(step, value, status)
+    log.on_validation_end(SimpleNamespace(sanity_checking=True, is_global_zero=True),
+                          SimpleNamespace(learning_row={"step": 0}))  # the sanity check writes nothing
+    assert [r["step"] for r in read_rows(tmp_path / "learning.csv")] == ["10", "20", "30"]
+    validate(20, 0.2, learning.ABOVE)  # resumed from the checkpoint at step 15: 20 is validated again
+    validate(30, 0.35, learning.PAST)
+    validate(40, 0.4, learning.PAST)
+    rows = read_rows(tmp_path / "learning.csv")
+    assert [(r["step"], r["mlm_acc_at_mask"]) for r in rows] == [("10", "0.1"), ("20", "0.2"), ("30", "0.35"),
+                                                                 ("40", "0.4")]
+    found = learning_curves([tmp_path], tmp_path / "report")
+    head = found[tmp_path.name]["MLM at [MASK]"]
+    assert head["past_at"] == {"step": 30.0, "tokens": 3000.0, "flops": 3e7} and head["points"] == 4
+    md = (tmp_path / "report" / "learning-curves.md").read_text()
+    assert f"| {tmp_path.name} | MLM at [MASK] | 30 | 3e+03 | 3e+07 | past baseline | 4 |" in md
+    assert (tmp_path / "report" / "learning-curves.png").stat().st_size > 1000

@@ -75,6 +75,7 @@ class PretrainModule(L.LightningModule):
         self._start_step = 0
         self._tally: learning.Tally | None = None
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
+        self.learning_row: dict | None = None  # the same, as a row of <run>/learning.csv
 
     def objective_loss(self, batch: Batch) -> ObjectiveOutput:
         """The objective's forward and loss on the encoder: what ``compile`` compiles."""
@@ -165,6 +166,10 @@ class PretrainModule(L.LightningModule):
                 dist.all_reduce(value)
         metrics, self.learning_checks = self.objective.learning(learning.to_host(self._tally))
         self._tally = None
+        self.learning_row = {"step": self.global_step, "tokens": self._tokens,
+                             "flops": self._tokens * self.flops_per_token, **metrics,
+                             **{f"{key}:{c.head}": getattr(c, key) for c in self.learning_checks
+                                for key in ("value", "baseline", "status")}}
         for name, value in metrics.items():
             if np.isfinite(value):
                 self.log(f"learning/{name}", float(value), batch_size=1)

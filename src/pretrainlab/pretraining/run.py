@@ -25,6 +25,7 @@ from pretrainlab.export import export_encoder
 from pretrainlab.model.encoder import ConfigError, EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget
+from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
 from pretrainlab.pretraining.snapshots import EncoderSnapshots, check_fractions
 from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
@@ -206,7 +207,7 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
     steps = budget.kind == "steps"
     trainer: L.Trainer = instantiate(
         cfg.trainer, max_steps=cfg.max_steps if steps else -1, max_epochs=-1, default_root_dir=str(run_dir),
-        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, snapshots, *script.callbacks()],
+        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, snapshots, LearningLog(run_dir), *script.callbacks()],
         plugins=[CheckpointIO()],
         val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
         check_val_every_n_epoch=None, gradient_clip_val=module.optim.grad_clip, use_distributed_sampler=False,

@@ -10,7 +10,8 @@
                                                     the budget, and its GLUE suite
     <root>/<study>/report/                          comparison.md / .csv / .png / .json; curve.png /
                                                     .csv with snapshots; learning.md (each run's heads
-                                                    beside their trivial baselines); intrinsic.md
+                                                    beside their trivial baselines); learning-curves
+                                                    .md / .png (when each head left it); intrinsic.md
                                                     (held-out metrics, the NSP/SOP cross-check)
 
 Once pretraining is done, and before any fine-tuning, every run's heads are scored on the held-out
@@ -47,8 +48,8 @@ from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
-from pretrainlab.studies.intrinsic import (at_baseline, intrinsic_markdown, intrinsic_report, learning_preface,
-                                           learning_report)
+from pretrainlab.studies.intrinsic import (at_baseline, intrinsic_markdown, intrinsic_report, learning_curves,
+                                           learning_preface, learning_report)
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
@@ -168,6 +169,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
     # what each run learned, before any fine-tuning: a run still at its trivial baseline is named now
     report = root / "report"
     learned = learning_report(runs, report)
+    learning_curves(runs, report)
     for run_dir in runs:
         for fraction in fractions:
             if not (snapshot_dir(run_dir, fraction) / "config.json").is_file():

@@ -27,7 +27,7 @@ from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.objectives import learning
-from pretrainlab.objectives.learning import AT, HeadCheck
+from pretrainlab.objectives.learning import AT, PAST, HeadCheck
 from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
 from pretrainlab.runtime.checkpoints import read
 
@@ -138,6 +138,69 @@ def learning_markdown(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def learning_curves(runs: list[Path], out_dir: Path) -> dict[str, dict]:
+    """Each run's learning curve from its ``learning.csv`` (one row per validation): every head's
+    held-out score divided by its trivial baseline against pretraining FLOPs, in
+    ``learning-curves.png``, and the first validation at which each head was past its baseline, in
+    ``learning-curves.md``. Returns {run: {head: {"past_at": {step, tokens, flops} | None, "points": n}}}."""
+    from pretrainlab.pretraining.learning_log import FILE, read_rows
+
+    found: dict[str, dict] = {}
+    curves: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
+    for run in runs:
+        rows = read_rows(run / FILE)
+        heads = [k.split(":", 1)[1] for k in (rows[0] if rows else {}) if k.startswith("status:")]
+        for head in heads:
+            points = [(float(r["flops"]), float(r[f"value:{head}"]) / float(r[f"baseline:{head}"]),
+                       r[f"status:{head}"] == PAST) for r in rows if r.get(f"status:{head}")]
+            past = next((r for r in rows if r.get(f"status:{head}") == PAST), None)
+            found.setdefault(run.name, {})[head] = {
+                "points": len(points), "last": rows[-1].get(f"status:{head}"),
+                "past_at": None if past is None else {k: float(past[k]) for k in ("step", "tokens", "flops")}}
+            curves[(run.name, head)] = points
+    if not found:
+        return {}
+    lines = ["When each head left its trivial baseline: the first validation at which it was past it", "",
+             "| run | head | past its baseline at step | tokens | FLOPs | at the last validation | validations |",
+             "|---|---|---|---|---|---|---|"]
+    for name, heads in sorted(found.items()):
+        for head, f in heads.items():
+            at = f["past_at"]
+            where = (f"{at['step']:.0f} | {at['tokens']:.3g} | {at['flops']:.3g}" if at else "not yet | – | –")
+            lines.append(f"| {name} | {head} | {where} | {f['last']} | {f['points']} |")
+    atomic.write_text(out_dir / "learning-curves.md", "\n".join(lines) + "\n")
+    _plot_learning(curves, out_dir / "learning-curves.png")
+    return found
+
+
+def _plot_learning(curves: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pretrainlab import figures
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for (run, head), points in sorted(curves.items()):
+        if not points:
+            continue
+        x, y, past = zip(*points)
+        (line,) = ax.plot(x, y, label=f"{run}: {head}")
+        ax.scatter([a for a, p in zip(x, past) if p], [b for b, p in zip(y, past) if p], color=line.get_color(), s=18)
+        ax.scatter([a for a, p in zip(x, past) if not p], [b for b, p in zip(y, past) if not p], s=18,
+                   facecolors="none", edgecolors=line.get_color())
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="trivial baseline")
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining FLOPs")
+    ax.set_ylabel("held-out score / trivial baseline")
+    ax.set_title("What each head learned (filled: past its baseline)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return figures.save(fig, path)
+
+
 def learning_preface(rows: dict[str, dict]) -> str:
     """The warning that heads a study's comparison when any run is still at its trivial baseline ('' if none)."""
     flagged = at_baseline(rows)
@@ -189,5 +252,5 @@ def intrinsic_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["at_baseline", "evaluate", "held_out", "intrinsic_markdown", "intrinsic_report", "learning_markdown",
-           "learning_preface", "learning_report"]
+__all__ = ["at_baseline", "evaluate", "held_out", "intrinsic_markdown", "intrinsic_report", "learning_curves",
+           "learning_markdown", "learning_preface", "learning_report"]
