@@ -125,11 +125,11 @@ def build_ours(objective_name: str, model: str):
     return encoder, objective
 
 
-def build_hf(objective_name: str, config):
+def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
     """The transformers model of the same shape as our encoder config."""
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+    common = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
                   num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
                   max_position_embeddings=config.max_position_embeddings, type_vocab_size=2,
                   hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,

@@ -234,3 +234,33 @@ def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_repla
     md = (tmp_path / "report" / "learning-curves.md").read_text()
     assert f"| {tmp_path.name} | MLM at [MASK] | 30 | 3e+03 | 3e+07 | past baseline | 4 |" in md
     assert (tmp_path / "report" / "learning-curves.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("name", ["roberta", "electra"])
+def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_path, name):
+    """experiments/reference.py trains the same-shape transformers model on the run's batches and scores
+    it with the same checks: at every evaluation its trivial baselines are the run's own (the same
+    held-out positions), and it learns (a reference stuck at chance would say nothing)."""
+    import csv
+    import sys
+
+    from pretrainlab.pretraining.learning_log import read_rows
+    from pretrainlab.pretraining.run import run
+    from tests.conftest import ROOT, run_command
+
+    run(compose_train(*SMALL, f"objective={name}", "max_steps=30", "val_every=15", "checkpoint_every=30"), tmp_path)
+    out = tmp_path / "reference.csv"
+    done = run_command([sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path), "--eval-batches",
+                        "2", "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = {r["step"]: r for r in read_rows(tmp_path / "learning.csv")}
+    theirs = list(csv.DictReader(out.open()))
+    assert [r["step"] for r in theirs] == ["15", "30"] == list(ours)
+    heads = [k.split(":", 1)[1] for k in theirs[0] if k.startswith("baseline:")]
+    assert heads and set(heads) == {k.split(":", 1)[1] for k in ours["15"] if k.startswith("baseline:")}
+    for row in theirs:
+        for head in heads:
+            assert float(row[f"baseline:{head}"]) == pytest.approx(float(ours[row["step"]][f"baseline:{head}"]))
+    first = "MLM at [MASK]" if name == "roberta" else "generator at [MASK]"
+    assert float(theirs[-1][f"value:{first}"]) > float(theirs[-1][f"baseline:{first}"])
+    assert f"step 30  {first}: reference" in done.stderr + done.stdout

@@ -1,0 +1,208 @@
+"""Train the Hugging Face transformers reference on the batches a pretrainlab run trained on, and
+judge both with the same learning checks.
+
+    python experiments/reference.py runs/<run>                    # the run's objective, steps and settings
+    python experiments/reference.py runs/<run> --steps 2000 --eval-every 250 --out ref.csv
+
+The run's ``config.yaml`` gives the corpus, tokenizer, held-out split, encoder shape, objective and
+optimiser. The reference is the transformers model of the same shape (the one ``bench.py`` times):
+
+    roberta  BertForMaskedLM                  (masked LM, no pair head)
+    bert     BertForPreTraining               (masked LM + next-sentence prediction)
+    albert   AlbertForPreTraining             (masked LM + sentence order; unshared layers)
+    electra  ElectraForMaskedLM generator + ElectraForPreTraining discriminator, embeddings shared
+
+It is trained on the same examples in the same order with the same masks (pretrainlab's data
+module and collator, same seed), with the run's optimiser settings (AdamW groups, warmup and linear
+decay over the steps, gradient clipping), and every ``--eval-every`` steps its heads are scored on
+the run's held-out batches by ``objectives.learning`` exactly as the run scores its own. The table
+puts the reference beside the run's ``learning.csv`` at the same steps: if the run's heads stay at
+their trivial baseline where the reference's leave it, the fault is ours; if both stay, it is the
+scale. Steps budgets only (``max_steps``); CPU or one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import sys
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import build_hf  # noqa: E402  (experiments/bench.py: the same-shape transformers models)
+
+from pretrainlab.data.datamodule import PretrainDataModule  # noqa: E402
+from pretrainlab.model.heads import IGNORE  # noqa: E402
+from pretrainlab.objectives import learning  # noqa: E402
+from pretrainlab.pretraining.learning_log import FILE, read_rows  # noqa: E402
+from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective  # noqa: E402
+
+log = logging.getLogger("pretrainlab")
+
+
+def reference_model(name: str, config, vocab_size: int):
+    if name == "roberta":  # RoBERTa's objective on BERT's architecture, as pretrainlab runs it
+        import transformers as tf
+
+        return tf.BertForMaskedLM(tf.BertConfig(
+            vocab_size=vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
+            max_position_embeddings=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
+            hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,
+            layer_norm_eps=config.layer_norm_eps))
+    return build_hf(name, config, vocab_size=vocab_size)
+
+
+def hf_labels(batch: dict) -> torch.Tensor:
+    """Our (batch, slots) masked positions as transformers' (batch, seq) labels: -100 where unscored."""
+    ids = batch["input_ids"]
+    keep = batch["mlm_labels"] != IGNORE
+    rows = torch.arange(len(ids))[:, None].expand_as(batch["mlm_positions"])
+    labels = torch.full_like(ids, IGNORE)
+    labels[rows[keep], batch["mlm_positions"][keep]] = batch["mlm_labels"][keep]
+    return labels
+
+
+def electra_replace(gen_logits: torch.Tensor, batch: dict, labels: torch.Tensor):
+    """The discriminator's input: a sample of the generator at every masked position (at the batch's
+    own uniforms, as pretrainlab samples), and which tokens differ from the original."""
+    ids = batch["input_ids"]
+    probs = torch.softmax(gen_logits.detach().float(), -1)
+    masked = labels != IGNORE
+    uniform = torch.zeros(ids.shape, dtype=torch.float64)
+    keep = batch["mlm_labels"] != IGNORE
+    rows = torch.arange(len(ids))[:, None].expand_as(batch["mlm_positions"])
+    uniform[rows[keep], batch["mlm_positions"][keep]] = batch["sample_uniform"][keep]
+    cdf = probs.double().cumsum(-1)
+    sampled = torch.searchsorted(cdf, uniform[..., None].clamp(max=1 - 1e-12)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    disc_ids = torch.where(masked, sampled, ids)
+    original = torch.where(masked, labels, ids)
+    return disc_ids, (disc_ids != original).float()
+
+
+def loss_and_tally(name: str, model, batch: dict, mask_id: int, tally: bool) -> tuple[torch.Tensor, dict]:
+    """The reference's training loss on our batch, and (``tally``) its heads' counts as
+    ``objectives.learning`` takes them."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    types = batch.get("token_type_ids", torch.zeros_like(ids))
+    labels = hf_labels(batch)
+    shown = ids.gather(1, batch["mlm_positions"])
+    counts: dict = {}
+    if name == "electra":
+        gen = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+        disc_ids, replaced = electra_replace(gen.logits, batch, labels)
+        disc = model.disc(input_ids=disc_ids, token_type_ids=types, attention_mask=mask, labels=replaced.long())
+        loss = gen.loss + 50.0 * disc.loss
+        if tally:
+            at = gen.logits.gather(1, batch["mlm_positions"][..., None].expand(-1, -1, gen.logits.shape[-1]))
+            counts = learning.masked_tally("gen", lambda h: h, at, batch["mlm_labels"], shown, mask_id, at.shape[-1])
+            counts |= learning.detection_tally("rtd", disc.logits, replaced, mask)
+        return loss, counts
+    kwargs = {"next_sentence_label": batch["labels"]} if name == "bert" else \
+        {"sentence_order_label": batch["labels"]} if name == "albert" else {}
+    out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kwargs)
+    if tally:
+        logits = out.logits if name == "roberta" else out.prediction_logits
+        at = logits.gather(1, batch["mlm_positions"][..., None].expand(-1, -1, logits.shape[-1]))
+        counts = learning.masked_tally("mlm", lambda h: h, at, batch["mlm_labels"], shown, mask_id, at.shape[-1])
+        if kwargs:
+            pair = out.seq_relationship_logits if name == "bert" else out.sop_logits
+            counts |= learning.pair_tally("nsp" if name == "bert" else "sop", pair.float(), batch["labels"])
+    return out.loss, counts
+
+
+def evaluate(name: str, model, objective, batches) -> tuple[dict, list]:
+    module = model.module if hasattr(model, "module") else model
+    module.eval()
+    total = None
+    with torch.no_grad():
+        for batch in batches:
+            total = learning.add(total, loss_and_tally(name, model, batch, objective.tokens.mask_id, tally=True)[1])
+    module.train()
+    return objective.learning(learning.to_host(total))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a pretrainlab run directory (its config.yaml and learning.csv)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the run's max_steps)")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: the run's val_every)")
+    p.add_argument("--eval-batches", type=int, default=None, help="held-out batches per evaluation (default: all)")
+    p.add_argument("--out", type=Path, default=None, help="CSV of the reference's learning curve")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    cfg = OmegaConf.load(args.run / "config.yaml")
+    if cfg.get("budget") and any(cfg.budget.get(k) for k in ("tokens", "flops", "minutes")):
+        p.error(f"{args.run} was trained to a budget.{next(k for k in ('tokens', 'flops', 'minutes') if cfg.budget.get(k))}; "
+                "this reference counts steps: pass --steps (the step the run reached is in its train.log).")
+    steps = args.steps or int(cfg.max_steps)
+    every = args.eval_every or int(cfg.val_every)
+    torch.manual_seed(int(cfg.seed))
+    data, tokens = build_data(cfg)
+    config = build_encoder_config(cfg, tokens.vocab_size)
+    objective = build_objective(cfg, config, tokens)
+    name = objective.name
+    if name not in ("roberta", "bert", "albert", "electra"):
+        p.error(f"objective {name} has no transformers reference here")
+    if int(cfg.get("device_batch_size") or cfg.batch_size) != int(cfg.batch_size):
+        p.error("the reference trains without gradient accumulation: the run's device_batch_size must equal batch_size")
+    datamodule = PretrainDataModule(data, objective.example_builder(cfg.max_seq_len), objective.collator(None),
+                                    int(cfg.batch_size), int(cfg.seed), num_workers=0)
+    datamodule.prepare()
+    model = reference_model(name, config, tokens.vocab_size)
+    module = model.module if hasattr(model, "module") else model
+    optim = instantiate(cfg.optim)
+    opt = torch.optim.AdamW(optim.param_groups(module), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+    schedule = optim.schedule(opt, steps)
+    val = list(datamodule.val_dataloader())
+    if args.eval_batches:
+        val = val[:args.eval_batches]
+    ours = {int(r["step"]): r for r in read_rows(args.run / FILE)}
+    rows = []
+    step, epoch = 0, 0
+    module.train()
+    while step < steps:
+        loader = datamodule.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            batch = {k: v for k, v in batch.items() if k != "global_tokens"}
+            loss, _ = loss_and_tally(name, model, batch, tokens.mask_id, tally=False)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if optim.grad_clip:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), optim.grad_clip)
+            opt.step()
+            schedule.step()
+            step += 1
+            if step % every == 0 or step == steps:
+                metrics, checks = evaluate(name, model, objective, val)
+                row = {"step": step, "loss": float(loss.detach())}
+                for c in checks:
+                    row |= {f"value:{c.head}": c.value, f"baseline:{c.head}": c.baseline, f"status:{c.head}": c.status}
+                    mine = ours.get(step, {})
+                    theirs = (f"pretrainlab {float(mine[f'value:{c.head}']):.3f} ({mine[f'status:{c.head}']})"
+                              if mine.get(f"value:{c.head}") else "pretrainlab: no validation at this step")
+                    log.info("step %d  %s: reference %.3f vs baseline %.3f (%s) | %s", step, c.head, c.value,
+                             c.baseline, c.status, theirs)
+                rows.append(row)
+            if step >= steps:
+                break
+        epoch += 1
+    if args.out:
+        with args.out.open("w", newline="") as f:
+            writer = csv.DictWriter(f, list(dict.fromkeys(k for r in rows for k in r)))
+            writer.writeheader()
+            writer.writerows(rows)
+        log.info("reference learning curve -> %s", args.out)
+    return 0 if all(math.isfinite(r["loss"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
