@@ -236,6 +236,7 @@ def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_repla
     assert (tmp_path / "report" / "learning-curves.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["roberta", "electra"])
 def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_path, name):
     """experiments/reference.py trains the same-shape transformers model on the run's batches and scores
