@@ -160,13 +160,20 @@ class _ElectraPair:
         self.module = torch.nn.ModuleList([gen, disc])
 
 
+def hf_labels(batch):
+    """Our (batch, slots) masked positions as transformers' (batch, seq) MLM labels: the masked
+    positions' original ids, -100 elsewhere (the empty slots carry -100 and point at [CLS])."""
+    import torch
+
+    return torch.full_like(batch["input_ids"], -100).scatter(1, batch["mlm_positions"], batch["mlm_labels"])
+
+
 def hf_step_fn(objective_name: str, model, batch):
     """A closure computing the transformers loss on our batch (labels in HF's format)."""
     import torch
 
     ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
-    # the masked positions' original ids; -100 elsewhere (the empty slots carry -100 and point at [CLS])
-    labels = torch.full_like(ids, -100).scatter(1, batch["mlm_positions"], batch["mlm_labels"])
+    labels = hf_labels(batch)
     if objective_name == "bert":
         return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
                              next_sentence_label=batch["labels"]).loss

@@ -35,11 +35,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import build_hf  # noqa: E402  (experiments/bench.py: the same-shape transformers models)
+from bench import build_hf, hf_labels  # noqa: E402  (experiments/bench.py: the same-shape transformers models)
 
 from pretrainlab.data.datamodule import PretrainDataModule  # noqa: E402
-from pretrainlab.model.heads import IGNORE  # noqa: E402
+from pretrainlab.model.vocab_loss import sample  # noqa: E402
 from pretrainlab.objectives import learning  # noqa: E402
+from pretrainlab.objectives.electra import ELECTRA  # noqa: E402
 from pretrainlab.pretraining.learning_log import FILE, read_rows  # noqa: E402
 from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective  # noqa: E402
 
@@ -59,71 +60,55 @@ def reference_model(name: str, config, vocab_size: int):
     return build_hf(name, config, vocab_size=vocab_size)
 
 
-def hf_labels(batch: dict) -> torch.Tensor:
-    """Our (batch, slots) masked positions as transformers' (batch, seq) labels: -100 where unscored."""
-    ids = batch["input_ids"]
-    keep = batch["mlm_labels"] != IGNORE
-    rows = torch.arange(len(ids))[:, None].expand_as(batch["mlm_positions"])
-    labels = torch.full_like(ids, IGNORE)
-    labels[rows[keep], batch["mlm_positions"][keep]] = batch["mlm_labels"][keep]
-    return labels
+def at_slots(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """(batch, seq, vocab) logits at the batch's (batch, slots) masked positions."""
+    positions = batch["mlm_positions"]
+    return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
 
 
-def electra_replace(gen_logits: torch.Tensor, batch: dict, labels: torch.Tensor):
-    """The discriminator's input: a sample of the generator at every masked position (at the batch's
-    own uniforms, as pretrainlab samples), and which tokens differ from the original."""
-    ids = batch["input_ids"]
-    probs = torch.softmax(gen_logits.detach().float(), -1)
-    masked = labels != IGNORE
-    uniform = torch.zeros(ids.shape, dtype=torch.float64)
-    keep = batch["mlm_labels"] != IGNORE
-    rows = torch.arange(len(ids))[:, None].expand_as(batch["mlm_positions"])
-    uniform[rows[keep], batch["mlm_positions"][keep]] = batch["sample_uniform"][keep]
-    cdf = probs.double().cumsum(-1)
-    sampled = torch.searchsorted(cdf, uniform[..., None].clamp(max=1 - 1e-12)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    disc_ids = torch.where(masked, sampled, ids)
-    original = torch.where(masked, labels, ids)
-    return disc_ids, (disc_ids != original).float()
-
-
-def loss_and_tally(name: str, model, batch: dict, mask_id: int, tally: bool) -> tuple[torch.Tensor, dict]:
+def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Tensor, dict]:
     """The reference's training loss on our batch, and (``tally``) its heads' counts as
     ``objectives.learning`` takes them."""
+    name, mask_id = objective.name, objective.tokens.mask_id
     ids, mask = batch["input_ids"], batch["attention_mask"]
     types = batch.get("token_type_ids", torch.zeros_like(ids))
     labels = hf_labels(batch)
-    shown = ids.gather(1, batch["mlm_positions"])
+    positions, originals = batch["mlm_positions"], batch["mlm_labels"]
+    shown = ids.gather(1, positions)
     counts: dict = {}
     if name == "electra":
         gen = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
-        disc_ids, replaced = electra_replace(gen.logits, batch, labels)
+        # the discriminator's input as pretrainlab makes it: a sample at each masked position, at the batch's
+        # own uniforms, put in place by ELECTRA.replace
+        at = at_slots(gen.logits, batch)
+        sampled = sample(at.reshape(-1, at.shape[-1]).float(), objective.temperature,
+                         batch["sample_uniform"].reshape(-1)).view_as(positions)
+        disc_ids, replaced = ELECTRA.replace(ids, positions, originals, sampled)
         disc = model.disc(input_ids=disc_ids, token_type_ids=types, attention_mask=mask, labels=replaced.long())
-        loss = gen.loss + 50.0 * disc.loss
+        loss = gen.loss + objective.disc_weight * disc.loss
         if tally:
-            at = gen.logits.gather(1, batch["mlm_positions"][..., None].expand(-1, -1, gen.logits.shape[-1]))
-            counts = learning.masked_tally("gen", lambda h: h, at, batch["mlm_labels"], shown, mask_id, at.shape[-1])
+            counts = learning.masked_tally("gen", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
             counts |= learning.detection_tally("rtd", disc.logits, replaced, mask)
         return loss, counts
     kwargs = {"next_sentence_label": batch["labels"]} if name == "bert" else \
         {"sentence_order_label": batch["labels"]} if name == "albert" else {}
     out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kwargs)
     if tally:
-        logits = out.logits if name == "roberta" else out.prediction_logits
-        at = logits.gather(1, batch["mlm_positions"][..., None].expand(-1, -1, logits.shape[-1]))
-        counts = learning.masked_tally("mlm", lambda h: h, at, batch["mlm_labels"], shown, mask_id, at.shape[-1])
+        at = at_slots(out.logits if name == "roberta" else out.prediction_logits, batch)
+        counts = learning.masked_tally("mlm", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
         if kwargs:
             pair = out.seq_relationship_logits if name == "bert" else out.sop_logits
-            counts |= learning.pair_tally("nsp" if name == "bert" else "sop", pair.float(), batch["labels"])
+            counts |= learning.pair_tally(objective.pair_task, pair.float(), batch["labels"])
     return out.loss, counts
 
 
-def evaluate(name: str, model, objective, batches) -> tuple[dict, list]:
+def evaluate(model, objective, batches) -> tuple[dict, list]:
     module = model.module if hasattr(model, "module") else model
     module.eval()
     total = None
     with torch.no_grad():
         for batch in batches:
-            total = learning.add(total, loss_and_tally(name, model, batch, objective.tokens.mask_id, tally=True)[1])
+            total = learning.add(total, loss_and_tally(objective, model, batch, tally=True)[1])
     module.train()
     return objective.learning(learning.to_host(total))
 
@@ -159,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     model = reference_model(name, config, tokens.vocab_size)
     module = model.module if hasattr(model, "module") else model
     optim = instantiate(cfg.optim)
-    opt = torch.optim.AdamW(optim.param_groups(module), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+    opt = optim.optimizer(module)
     schedule = optim.schedule(opt, steps)
     val = list(datamodule.val_dataloader())
     if args.eval_batches:
@@ -173,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         loader.sampler.set_epoch(epoch)
         for batch in loader:
             batch = {k: v for k, v in batch.items() if k != "global_tokens"}
-            loss, _ = loss_and_tally(name, model, batch, tokens.mask_id, tally=False)
+            loss, _ = loss_and_tally(objective, model, batch, tally=False)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if optim.grad_clip:
@@ -182,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             schedule.step()
             step += 1
             if step % every == 0 or step == steps:
-                metrics, checks = evaluate(name, model, objective, val)
+                _, checks = evaluate(model, objective, val)
                 row = {"step": step, "loss": float(loss.detach())}
                 for c in checks:
                     row |= {f"value:{c.head}": c.value, f"baseline:{c.head}": c.baseline, f"status:{c.head}": c.status}

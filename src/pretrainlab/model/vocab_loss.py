@@ -184,13 +184,18 @@ def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
     accuracy = ((logits.detach().argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)
     if temperature is None:
         return loss, accuracy
-    with torch.no_grad():
-        probs = torch.softmax(logits.detach() / temperature, dim=-1)
-        cdf = probs.cumsum(-1)
-        point = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
-        samples = torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-        samples = torch.where(valid, samples, ignore_index)
+    samples = torch.where(valid, sample(logits, temperature, uniform), ignore_index)
     return loss, accuracy, samples
 
 
-__all__ = ["linear_cross_entropy", "plain_cross_entropy"]
+@torch.no_grad()
+def sample(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:
+    """One draw per row of ``logits`` (n, vocab) from softmax(logits / temperature), by inverse CDF
+    at ``uniform`` (n,) values in [0, 1)."""
+    probs = torch.softmax(logits.detach() / temperature, dim=-1)
+    cdf = probs.cumsum(-1)
+    point = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+
+
+__all__ = ["linear_cross_entropy", "plain_cross_entropy", "sample"]
