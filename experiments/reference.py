@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import logging
 import math
 import sys
@@ -37,6 +38,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import build_hf, hf_labels  # noqa: E402  (experiments/bench.py: the same-shape transformers models)
 
+from pretrainlab import atomic  # noqa: E402
 from pretrainlab.data.datamodule import PretrainDataModule  # noqa: E402
 from pretrainlab.model.vocab_loss import sample  # noqa: E402
 from pretrainlab.objectives import learning  # noqa: E402
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="CSV of the reference's learning curve")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.out is not None and args.out.exists():
+        p.error(f"--out {args.out} already exists: name a new file (or move that one away); it is not written over.")
 
     cfg = OmegaConf.load(args.run / "config.yaml")
     if cfg.get("budget") and any(cfg.budget.get(k) for k in ("tokens", "flops", "minutes")):
@@ -181,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 break
         epoch += 1
     if args.out:
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, list(dict.fromkeys(k for r in rows for k in r)))
-            writer.writeheader()
-            writer.writerows(rows)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, list(dict.fromkeys(k for r in rows for k in r)), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic.write_text(args.out, text.getvalue())
         log.info("reference learning curve -> %s", args.out)
     return 0 if all(math.isfinite(r["loss"]) for r in rows) else 1
 

@@ -265,3 +265,17 @@ def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_p
     first = "MLM at [MASK]" if name == "roberta" else "generator at [MASK]"
     assert float(theirs[-1][f"value:{first}"]) > float(theirs[-1][f"baseline:{first}"])
     assert f"step 30  {first}: reference" in done.stderr + done.stdout
+
+
+def test_the_reference_never_writes_over_an_existing_file(tmp_path):
+    """--out names a file that exists: refused before any training, the file untouched."""
+    import sys
+
+    from tests.conftest import ROOT, run_command
+
+    out = tmp_path / "mine.csv"
+    out.write_text("a user's file\n")
+    done = run_command([sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path / "no-run"),
+                        "--out", str(out)])
+    assert done.returncode == 2 and "already exists" in done.stderr and str(out) in done.stderr, done.stderr[-2000:]
+    assert out.read_text() == "a user's file\n"
