@@ -325,7 +325,8 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
     theirs = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        model = transformers.BertForTokenClassification.from_pretrained(hf_dir, num_labels=len(labels))
+        model = transformers.BertForTokenClassification.from_pretrained(hf_dir, num_labels=len(labels),
+                                                                        local_files_only=True)  # the export
         epochs, batch = 4, 32
         steps = epochs * -(-len(train) // batch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)

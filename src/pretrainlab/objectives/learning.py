@@ -147,7 +147,7 @@ def detection_tally(prefix: str, logits: torch.Tensor, replaced: torch.Tensor, r
     real = real.bool()
     z, t = logits.float()[real], replaced.bool()[real]
     pred = z > 0
-    edges = z.clamp(-LOGIT_RANGE, LOGIT_RANGE)
+    clamped = z.clamp(-LOGIT_RANGE, LOGIT_RANGE)
     hist = lambda v: torch.histc(v, bins=LOGIT_BINS, min=-LOGIT_RANGE, max=LOGIT_RANGE).double()  # noqa: E731
     return {
         f"{prefix}_n": torch.tensor(float(len(t)), dtype=torch.float64, device=z.device),
@@ -155,8 +155,8 @@ def detection_tally(prefix: str, logits: torch.Tensor, replaced: torch.Tensor, r
         f"{prefix}_tp": (pred & t).sum().double(),
         f"{prefix}_fp": (pred & ~t).sum().double(),
         f"{prefix}_nll": F.binary_cross_entropy_with_logits(z, t.float(), reduction="sum").double(),
-        f"{prefix}_hist_replaced": hist(edges[t]),
-        f"{prefix}_hist_original": hist(edges[~t]),
+        f"{prefix}_hist_replaced": hist(clamped[t]),
+        f"{prefix}_hist_original": hist(clamped[~t]),
     }
 
 
