@@ -7,6 +7,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from pretrainlab.model.encoder import EncoderConfig
@@ -160,3 +161,43 @@ def test_help_lists_the_groups_each_entry_point_composes():
     finetune = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
     assert finetune.returncode == 0 and "task: blimp, cola," in finetune.stdout
+
+
+def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
+    """conf/ablate_gpu.yaml runs on GPU machines only: every pretraining run it plans composes on one
+    GPU in bf16 at its FLOPs budget, each masked LM sees the ~4B tokens its docs state, and every
+    evaluation fine-tunes on all training examples on the GPU."""
+    from pretrainlab.studies.ablation import _pretraining_runs, study_tasks
+
+    cfg = compose_config("ablate_gpu", "corpus=books", "glue_dir=glue", f"output_root={tmp_path}")
+    objectives = ["bert", "albert", "roberta", "electra"]
+    planned = _pretraining_runs(cfg, tmp_path / cfg.study, objectives, [0.0625, 0.25])
+    assert len(planned) == 4 * 3 and not any(done for *_, done in planned)
+    for run_dir, train_cfg, _, _ in planned:
+        assert train_cfg.trainer.accelerator == "gpu" and train_cfg.trainer.precision == "bf16-mixed"
+        assert train_cfg.budget.flops == 1e17 and train_cfg.batch_size == 256 and train_cfg.data.files == ["books"]
+        assert list(train_cfg.snapshots) == [0.0625, 0.25]
+        vocab = train_cfg.tokenizer.vocab_size
+        encoder_config = instantiate(train_cfg.model, vocab_size=vocab)
+        assert (encoder_config.hidden_size, encoder_config.num_layers) == (256, 4)
+        tokens = SpecialTokens(vocab, 0, 1, 2, 3, 4, np.zeros(vocab, dtype=bool))
+        with torch.device("meta"):
+            obj = build_objective(train_cfg, encoder_config, tokens)
+        budget_tokens = train_cfg.budget.flops / obj.flops_per_token(encoder_config, train_cfg.max_seq_len)
+        assert (3.0e9 < budget_tokens < 3.6e9) if obj.name == "electra" else (4.0e9 < budget_tokens < 4.4e9)
+    assert study_tasks(cfg) == ["cola", "sst2", "mrpc", "stsb", "rte", "ner", "blimp", "probe_ner", "probe_sst2"]
+    glue = compose_config("glue", "pretrained=x", *cfg.glue.overrides)
+    assert glue.glue.max_train_examples is None and glue.trainer.accelerator == "gpu"
+
+
+@pytest.mark.parametrize("name", PRIMARY)
+def test_every_top_level_key_can_be_set_from_the_command_line(name):
+    """Hydra reads `key=value` as a config-group choice when conf/<key>/ exists: a plain value named after
+    a group the config does not choose (ablate_local's `model` once) cannot be set from the command line
+    (a block such as finetune's `optim` can: `optim.lr=...`)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(name, return_hydra_config=True)
+    chosen = set(cfg.hydra.runtime.choices)
+    clashing = [k for k in cfg if k != "hydra" and (CONF / k).is_dir() and k not in chosen
+                and not OmegaConf.is_dict(cfg[k])]
+    assert not clashing, f"conf/{name}.yaml: {clashing} cannot be overridden as key=value (conf/{clashing[0]}/ exists)"
