@@ -4,19 +4,18 @@ by globbing conf/, so nobody has to remember to add them here."""
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from omegaconf import OmegaConf
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.pretraining.run import build_objective
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, ROOT, compose_config, compose_train
-
-import numpy as np
 
 # options that need a value the user must give
 REQUIRED = {("tokenizer", "pretrained"): ["tokenizer.path=tokenizer.json"]}
@@ -173,7 +172,7 @@ def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
     objectives = ["bert", "albert", "roberta", "electra"]
     planned = _pretraining_runs(cfg, tmp_path / cfg.study, objectives, [0.0625, 0.25])
     assert len(planned) == 4 * 3 and not any(done for *_, done in planned)
-    for run_dir, train_cfg, _, _ in planned:
+    for _, train_cfg, _, _ in planned:
         assert train_cfg.trainer.accelerator == "gpu" and train_cfg.trainer.precision == "bf16-mixed"
         assert train_cfg.budget.flops == 1e17 and train_cfg.batch_size == 256 and train_cfg.data.files == ["books"]
         assert list(train_cfg.snapshots) == [0.0625, 0.25]

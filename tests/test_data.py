@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer, trainers
 
-from pretrainlab.data.corpus import HubCorpus, SyntheticCorpus, TextFiles, split_sentences, strip_gutenberg_boilerplate
 from pretrainlab.data.batches import EpochBatches
+from pretrainlab.data.corpus import HubCorpus, SyntheticCorpus, TextFiles, split_sentences, strip_gutenberg_boilerplate
+from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.data.synthetic import STAGES
 from pretrainlab.data.tokenizer import ContinuationScan, TokenizerSpec, single_char_pieces
 from pretrainlab.tokens import SPECIALS, special_tokens
-from pretrainlab.data.packing import PackedBlocks
 
 
 def test_sentence_splitting():
@@ -135,7 +135,7 @@ def test_missing_and_empty_files_are_clear_errors(tmp_path):
     write(tmp_path / "blank.txt", "   \n\n  ")
     data = PretrainData(TextFiles(files=[str(tmp_path / "blank.txt")]), TokenizerSpec(), tmp_path / "cache")
     with pytest.raises(ValueError, match="no documents|no tokens|empty"):
-        data.tokenized
+        _ = data.tokenized
 
 
 def test_hub_corpus_offline_fails_with_a_clear_message(tmp_path, monkeypatch):
@@ -166,7 +166,7 @@ def test_tokenizer_and_tokenized_corpus_are_cached(tmp_path, monkeypatch):
     # different settings or a different corpus: a different cache entry
     third = PretrainData(corpus, TokenizerSpec(vocab_size=400), tmp_path)
     monkeypatch.undo()
-    third.tokenizer
+    _ = third.tokenizer
     assert len(list((tmp_path / "tokenizers").rglob("tokenizer.json"))) == 2
 
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
 from tests.conftest import compose_train
-from hydra.utils import instantiate
 
 
 @pytest.mark.parametrize("preset, expected", [("base", 109_482_240), ("large", 335_141_888)])

@@ -288,8 +288,8 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
     lr): its dev entity F1 is within noise of ours, over two seeds each."""
     import transformers
 
-    from pretrainlab.export.hf import export_hf
     from pretrainlab.evaluation.tagging import label_set
+    from pretrainlab.export.hf import export_hf
 
     settings = ["task.lr=1.0e-3", "task.epochs=4", "ner.synthetic.scale=0.5"]
     ours = [evaluate(encoders["roberta"], "ner", tmp_path / f"ours{s}", *settings, f"seed={s}")["metrics"]["f1"]

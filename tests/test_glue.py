@@ -2,18 +2,18 @@
 synthetic suite, encoding, and the suite + comparison end to end on a briefly pretrained encoder."""
 
 import json
-from pathlib import Path
 import os
+from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
 import scipy.stats
 import sklearn.metrics
+import torch
 
+from pretrainlab.data.synthetic import SyntheticLanguage
 from pretrainlab.glue import metrics
 from pretrainlab.glue.data import GlueDataError, encode, read_local, read_tsv
-from pretrainlab.data.synthetic import SyntheticLanguage
 from pretrainlab.glue.synthetic import SIZES, SyntheticGlue, split_words
 from pretrainlab.glue.tasks import TASKS, get_task
 
@@ -286,8 +286,8 @@ def test_encoding_pairs_segments_and_longest_first_truncation():
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij"))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    from pretrainlab.tokens import special_tokens
     from pretrainlab.glue.data import GlueSplit
+    from pretrainlab.tokens import special_tokens
 
     tokens = special_tokens(tok)
     split = GlueSplit(["a b c d e f g", "a"], ["h i", "b c"], np.array([0, 1]))
@@ -321,8 +321,8 @@ def pretrained_run(tmp_path_factory):
 
 
 def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
-    from pretrainlab.studies import suite
     from pretrainlab.glue.compare import collect, write_report
+    from pretrainlab.studies import suite
     from tests.conftest import compose_config
 
     tasks, seeds = ["cola", "mrpc", "stsb", "mnli"], [0, 1]
@@ -388,8 +388,8 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
     """Finished results are keyed by the hash of the encoder's weights, not by its directory."""
     import shutil
 
-    from pretrainlab.studies import suite
     from pretrainlab.pretraining.run import run
+    from pretrainlab.studies import suite
     from tests.conftest import SMALL, compose_config, compose_train
 
     quick = [*SMALL, "max_steps=3", "val_every=3", "checkpoint_every=3"]

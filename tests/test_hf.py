@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers  # a dev dependency (pip install pretrainlab[hf] for users)
 
 from pretrainlab.export import load_encoder
 from pretrainlab.pretraining.run import run
 from tests.conftest import ROOT, SMALL, compose_train
-
-import transformers  # a dev dependency (pip install pretrainlab[hf] for users)
 
 
 def batch(tokenizer, texts_a, texts_b=None):
@@ -119,6 +118,7 @@ def test_core_package_does_not_import_transformers():
     """transformers is an optional extra: no module of the package imports it, and the core
     dependencies do not list it. (Lightning's torchmetrics imports it by itself when installed.)"""
     import ast
+
     import tomllib
 
     for path in (ROOT / "src" / "pretrainlab").rglob("*.py"):

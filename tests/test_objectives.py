@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 
+from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
 from pretrainlab.objectives.albert import NgramMaskingCollator
 from pretrainlab.objectives.bert import BERT
 from pretrainlab.objectives.electra import ELECTRA
-from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, select_ngrams, word_spans
-from pretrainlab.data.sentence_pairs import SentencePairs
+from pretrainlab.objectives.masking import MaskingConfig, ngram_probs, ngram_spans, word_spans
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, compose_train, scored
-from hydra.utils import instantiate
 
 CLS, SEP = 2, 3
 

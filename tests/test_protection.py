@@ -4,20 +4,18 @@ exports, run directories, checkpoints, caches and their permissions."""
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from pretrainlab.runtime.checkpoints import CheckpointError
-from pretrainlab.export import export_encoder, load_encoder
-from pretrainlab.runtime.rundir import RunDirError
+from pretrainlab.export import load_encoder
 from pretrainlab.pretraining.run import run
+from pretrainlab.runtime.checkpoints import CheckpointError
+from pretrainlab.runtime.rundir import RunDirError
 from tests.conftest import ROOT, SMALL, compose_train
 
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]

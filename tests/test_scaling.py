@@ -98,8 +98,8 @@ def test_streaming_ranks_read_disjoint_documents(tmp_path):
     left out of every rank's shard."""
     import json
 
-    from pretrainlab.data.corpus import HubCorpus
     from pretrainlab.data.batches import StreamingBatches
+    from pretrainlab.data.corpus import HubCorpus
     from pretrainlab.data.pipeline import PretrainData
     from pretrainlab.data.tokenizer import TokenizerSpec
 

@@ -6,7 +6,6 @@ curve; then resumed."""
 import json
 
 import pytest
-import torch
 
 from tests.conftest import SMALL, compose_config
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf
-
-from tests.conftest import ROOT, compose_config
+from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
 
 # the W&B sweep engine; `make install` adds it (pip install --no-deps sweeps==0.3.0)
 from sweeps import RunState, next_runs, schema_violations_from_proposed_config
-from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
+from tests.conftest import ROOT, compose_config
 
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 FLOAT_LIKE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")

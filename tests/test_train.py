@@ -5,8 +5,8 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 from pretrainlab.export import load_encoder

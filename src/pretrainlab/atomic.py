@@ -18,8 +18,9 @@ import re
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 _HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:24] or "host"
 

@@ -3,7 +3,7 @@ examples as a store indexed like a list."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,7 @@ class TokenizedDocuments(Documents):
         self.tokens, self.sentence_offsets, self.doc_offsets = tokens, sentence_offsets, doc_offsets
 
     @classmethod
-    def from_arrow(cls, column: pa.ChunkedArray) -> "TokenizedDocuments":
+    def from_arrow(cls, column: pa.ChunkedArray) -> TokenizedDocuments:
         docs = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         sentences = docs.flatten()
         return cls(sentences.flatten().to_numpy(), list_offsets(sentences), list_offsets(docs))

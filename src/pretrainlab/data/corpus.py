@@ -14,9 +14,10 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import datasets
 

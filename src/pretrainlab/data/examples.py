@@ -13,8 +13,8 @@ pairs ``token_type_ids`` and ``label``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Documents:
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         return (self[d] for d in range(len(self)))
 
-    def subset(self, indices: np.ndarray) -> "DocumentSubset":
+    def subset(self, indices: np.ndarray) -> DocumentSubset:
         return DocumentSubset(self, indices)
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
 
 import datasets
 import numpy as np

@@ -5,8 +5,8 @@ directory). GLUE, NER and BLiMP resolve their ``<block>.source`` here."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def local_root(block: str, source: str, data_dir: str | None, layout: str,

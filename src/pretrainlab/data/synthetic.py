@@ -50,7 +50,7 @@ class SyntheticLanguage:
     shared_nouns: int = 4
     shared_verbs: int = 2
 
-    def build(self) -> "_Lexicon":
+    def build(self) -> _Lexicon:
         rng = random.Random(f"lexicon-{self.seed}")
         seen: set[str] = set(STAGES) | set(PREPOSITIONS) | {"a", "the", "some", "ka", "ki", "ta", "ti"}
 

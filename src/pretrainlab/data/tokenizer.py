@@ -13,11 +13,10 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-import numpy as np
 from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 

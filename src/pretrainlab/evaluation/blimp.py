@@ -143,8 +143,8 @@ class SyntheticPairs:
         return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
 
     def generate(self) -> dict[str, list[dict]]:
-        from pretrainlab.glue.synthetic import _World, render
         from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
+        from pretrainlab.glue.synthetic import _World, render
 
         rng = random.Random(f"blimp-{self.seed}")
         w = _World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import atomic, figures
+from pretrainlab import figures
 from pretrainlab.evaluation.tasks import display_name
 from pretrainlab.glue import stats
 

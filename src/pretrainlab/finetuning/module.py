@@ -10,12 +10,11 @@ sets are scored at the end of every epoch with the task's GLUE metrics over the 
 
 from __future__ import annotations
 
+import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import lightning as L
 
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec

@@ -32,7 +32,13 @@ from pretrainlab.evaluation import tasks as evaluations
 from pretrainlab.finetuning.encoders import Pretrained, load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule, Trainable
 from pretrainlab.glue.data import (
-    EncodedDataset, EncodedSplit, LengthGroupedSampler, collate, data_digests, encode, load_task,
+    EncodedDataset,
+    EncodedSplit,
+    LengthGroupedSampler,
+    collate,
+    data_digests,
+    encode,
+    load_task,
 )
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score

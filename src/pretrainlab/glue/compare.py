@@ -27,12 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from pretrainlab import atomic, figures
-from pretrainlab.glue import stats
-from pretrainlab.glue.results import (
-    LEGACY, ResultError, check_encoder, is_result, is_results_file, read_result, settings_of,
-)
 from pretrainlab.evaluation import report
 from pretrainlab.evaluation.tasks import EVALUATIONS, ORDER, display_name, is_glue
+from pretrainlab.glue import stats
+from pretrainlab.glue.results import (
+    LEGACY,
+    ResultError,
+    check_encoder,
+    is_result,
+    is_results_file,
+    read_result,
+    settings_of,
+)
 from pretrainlab.glue.tasks import task_score
 from pretrainlab.runtime.provenance import describe, differences
 

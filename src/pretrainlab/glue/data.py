@@ -31,7 +31,7 @@ class GlueSplit:
     def __len__(self) -> int:
         return len(self.text_a)
 
-    def head(self, n: int | None) -> "GlueSplit":
+    def head(self, n: int | None) -> GlueSplit:
         if n is None or n >= len(self):
             return self
         return GlueSplit(self.text_a[:n], None if self.text_b is None else self.text_b[:n], self.labels[:n])

@@ -81,11 +81,11 @@ class EncoderConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EncoderConfig":
+    def from_dict(cls, d: dict) -> EncoderConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
-    def scaled(self, width: float) -> "EncoderConfig":
+    def scaled(self, width: float) -> EncoderConfig:
         """Same depth and embeddings at ``width`` x the hidden size: ELECTRA's generator.
 
         As in the official implementation: hidden = round(width * H), one head per 64 dimensions,

@@ -31,7 +31,7 @@ class MaskedLMHead(nn.Module):
         nn.init.zeros_(self.dense.bias)
 
     @classmethod
-    def for_encoder(cls, cfg) -> "MaskedLMHead":
+    def for_encoder(cls, cfg) -> MaskedLMHead:
         """The head that sits on an encoder of config ``cfg`` (an ``EncoderConfig``)."""
         return cls(cfg.hidden_size, cfg.embedding_size, cfg.vocab_size, cfg.layer_norm_eps)
 

@@ -22,8 +22,16 @@ from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead, TokenHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length
-from pretrainlab.objectives.learning import (HeadCheck, Tally, detection_check, detection_metrics, detection_tally,
-                                             masked_check, masked_metrics, masked_tally)
+from pretrainlab.objectives.learning import (
+    HeadCheck,
+    Tally,
+    detection_check,
+    detection_metrics,
+    detection_tally,
+    masked_check,
+    masked_metrics,
+    masked_tally,
+)
 from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
 from pretrainlab.tokens import SpecialTokens

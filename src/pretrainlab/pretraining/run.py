@@ -34,7 +34,12 @@ from pretrainlab.runtime import hydra
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.devices import (
-    batch_split, check_precision, compile_options, refuse_multirun_ddp, static_shapes, world_size,
+    batch_split,
+    check_precision,
+    compile_options,
+    refuse_multirun_ddp,
+    static_shapes,
+    world_size,
 )
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript

@@ -13,7 +13,8 @@ workers, compilation, checkpoint and validation intervals) are not compared: see
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 # pretraining settings that do not change the encoder a run produces (beyond numerical noise):
 # trainer settings, logging, workers, compilation, how often it validates and saves, where caches live

@@ -39,7 +39,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-
 log = logging.getLogger("pretrainlab")
 
 # what overwrite=true deletes: everything a run and its GLUE suites wrote that later steps read back

@@ -51,7 +51,7 @@ class RunScript:
 
     @classmethod
     def of(cls, cfg: DictConfig, run_dir: str | Path | None = None,
-           choices: dict[str, str] | None = None) -> "RunScript":
+           choices: dict[str, str] | None = None) -> RunScript:
         if run_dir is None:
             from hydra.core.hydra_config import HydraConfig
 

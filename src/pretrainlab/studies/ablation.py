@@ -38,9 +38,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.evaluation.tasks import get as get_task
 from pretrainlab.glue.compare import collect, is_final, log_to_wandb, to_markdown, write_report
 from pretrainlab.glue.results import ResultError, is_results_file
-from pretrainlab.evaluation.tasks import get as get_task
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
@@ -48,8 +48,14 @@ from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
-from pretrainlab.studies.intrinsic import (at_baseline, intrinsic_markdown, intrinsic_report, learning_curves,
-                                           learning_preface, learning_report)
+from pretrainlab.studies.intrinsic import (
+    at_baseline,
+    intrinsic_markdown,
+    intrinsic_report,
+    learning_curves,
+    learning_preface,
+    learning_report,
+)
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
