@@ -39,8 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 30522
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
-HF_CLASSES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining", "roberta": "RobertaForMaskedLM",
-              "electra": "ElectraForMaskedLM + ElectraForPreTraining"}
+HF_CLASSES = {
+    "bert": "BertForPreTraining",
+    "albert": "AlbertForPreTraining",
+    "roberta": "RobertaForMaskedLM",
+    "electra": "ElectraForMaskedLM + ElectraForPreTraining",
+}
 
 
 # --- the machine's matmul peak ---------------------------------------------------------------------------
@@ -113,8 +117,15 @@ def build_ours(objective_name: str, model: str):
     from pretrainlab.runtime.hydra import compose
     from pretrainlab.tokens import SpecialTokens
 
-    tokens = SpecialTokens(VOCAB, SPECIAL["pad"], SPECIAL["unk"], SPECIAL["cls"], SPECIAL["sep"], SPECIAL["mask"],
-                           np.zeros(VOCAB, dtype=bool))
+    tokens = SpecialTokens(
+        VOCAB,
+        SPECIAL["pad"],
+        SPECIAL["unk"],
+        SPECIAL["cls"],
+        SPECIAL["sep"],
+        SPECIAL["mask"],
+        np.zeros(VOCAB, dtype=bool),
+    )
     cfg, _ = compose("train", [f"model={model}", f"objective={objective_name}"])
     config = instantiate(cfg.model, vocab_size=VOCAB)
     objective = instantiate(cfg.objective, _partial_=True)(encoder_config=config, tokens=tokens)
@@ -128,24 +139,41 @@ def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
     """The transformers model of the same shape as our encoder config."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
-                  num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
-                  max_position_embeddings=config.max_position_embeddings, type_vocab_size=2,
-                  hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,
-                  attn_implementation="sdpa")
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=2,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        attn_implementation="sdpa",
+    )
     if objective_name == "bert":
         return tf.BertForPreTraining(tf.BertConfig(**common))
     if objective_name == "roberta":
         return tf.RobertaForMaskedLM(tf.RobertaConfig(**common, pad_token_id=1))
     if objective_name == "albert":
-        return tf.AlbertForPreTraining(tf.AlbertConfig(**common, embedding_size=config.embedding_size,
-                                                       num_hidden_groups=config.num_layers, inner_group_num=1))
+        return tf.AlbertForPreTraining(
+            tf.AlbertConfig(
+                **common, embedding_size=config.embedding_size, num_hidden_groups=config.num_layers, inner_group_num=1
+            )
+        )
     # electra: generator at 1/4 width sharing the embeddings, discriminator
     g = config.scaled(0.25)
-    gen = tf.ElectraForMaskedLM(tf.ElectraConfig(**{**common, "hidden_size": g.hidden_size,
-                                                    "num_attention_heads": g.num_heads,
-                                                    "intermediate_size": g.intermediate_size},
-                                                 embedding_size=config.embedding_size))
+    gen = tf.ElectraForMaskedLM(
+        tf.ElectraConfig(
+            **{
+                **common,
+                "hidden_size": g.hidden_size,
+                "num_attention_heads": g.num_heads,
+                "intermediate_size": g.intermediate_size,
+            },
+            embedding_size=config.embedding_size,
+        )
+    )
     disc = tf.ElectraForPreTraining(tf.ElectraConfig(**common, embedding_size=config.embedding_size))
     gen.electra.embeddings = disc.electra.embeddings  # shared token/position/segment embeddings
     return _ElectraPair(gen, disc)
@@ -174,11 +202,25 @@ def hf_step_fn(objective_name: str, model, batch):
     ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
     labels = hf_labels(batch)
     if objective_name == "bert":
-        return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
-                             next_sentence_label=batch["labels"]).loss
+        return lambda: (
+            model(
+                input_ids=ids,
+                token_type_ids=types,
+                attention_mask=mask,
+                labels=labels,
+                next_sentence_label=batch["labels"],
+            ).loss
+        )
     if objective_name == "albert":
-        return lambda: model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
-                             sentence_order_label=batch["labels"]).loss
+        return lambda: (
+            model(
+                input_ids=ids,
+                token_type_ids=types,
+                attention_mask=mask,
+                labels=labels,
+                sentence_order_label=batch["labels"],
+            ).loss
+        )
     if objective_name == "roberta":
         return lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
@@ -200,8 +242,18 @@ def hf_step_fn(objective_name: str, model, batch):
 class Case:
     """One side (ours or hf) of one objective and precision, built and ready to step."""
 
-    def __init__(self, impl: str, objective_name: str, precision: str, model: str, seq_len: int, batch_size: int,
-                 device: str, compile_: bool, malloc: str = "keep"):
+    def __init__(
+        self,
+        impl: str,
+        objective_name: str,
+        precision: str,
+        model: str,
+        seq_len: int,
+        batch_size: int,
+        device: str,
+        compile_: bool,
+        malloc: str = "keep",
+    ):
         import torch
 
         from pretrainlab.runtime.devices import set_matmul_precision
@@ -212,11 +264,15 @@ class Case:
         set_matmul_precision(True)  # TF32 for fp32 on GPUs, as training does by default
         torch.manual_seed(0)
         encoder, objective = build_ours(objective_name, model)
-        batch = {k: (v.to(device) if torch.is_tensor(v) else v)
-                 for k, v in make_batch(objective, seq_len, batch_size).items()}
+        batch = {
+            k: (v.to(device) if torch.is_tensor(v) else v)
+            for k, v in make_batch(objective, seq_len, batch_size).items()
+        }
         self.impl, self.objective, self.precision, self.device = impl, objective_name, precision, device
         self.n_tokens = int(batch["attention_mask"].sum())
-        self.useful_flops = objective.flops_per_token(encoder.config, seq_len) * self.n_tokens  # the same count for both
+        self.useful_flops = (
+            objective.flops_per_token(encoder.config, seq_len) * self.n_tokens
+        )  # the same count for both
         if impl == "ours":
             encoder.to(device), objective.to(device)
             params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
@@ -274,11 +330,17 @@ def serve(case: Case) -> None:
         elif cmd == "step":
             faults, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.time()
             step_s = case.step()
-            reply = {"step_s": step_s, "started": started,
-                     "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
+            reply = {
+                "step_s": step_s,
+                "started": started,
+                "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+            }
         elif cmd == "done":
-            reply = {"peak_mem_mb": case.peak_memory() / 2**20, "n_tokens": case.n_tokens,
-                     "useful_flops": case.useful_flops}
+            reply = {
+                "peak_mem_mb": case.peak_memory() / 2**20,
+                "n_tokens": case.n_tokens,
+                "useful_flops": case.useful_flops,
+            }
         else:
             raise ValueError(f"unknown command {line!r}: expected warmup N, step or done")
         out.write(json.dumps(reply) + "\n")
@@ -293,8 +355,9 @@ class Worker:
     def __init__(self, name: str, cmd: list[str]):
         self.name = name
         self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child never blocks on it
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=ROOT
+        )
 
     def ask(self, command: str) -> dict:
         self.proc.stdin.write(command + "\n")
@@ -327,9 +390,16 @@ def run_pair(case: str, worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
     finally:
         for w in workers.values():
             w.close()
-    return {impl: {"times": [r["step_s"] for r in replies[impl]], "started": [r["started"] for r in replies[impl]],
-                   "warmup_s": warm[impl], "page_faults_per_step": statistics.mean(r["page_faults"] for r in replies[impl]),
-                   **final[impl]} for impl in workers}
+    return {
+        impl: {
+            "times": [r["step_s"] for r in replies[impl]],
+            "started": [r["started"] for r in replies[impl]],
+            "warmup_s": warm[impl],
+            "page_faults_per_step": statistics.mean(r["page_faults"] for r in replies[impl]),
+            **final[impl],
+        }
+        for impl in workers
+    }
 
 
 # --- data pipeline --------------------------------------------------------------------------------------
@@ -355,14 +425,19 @@ def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, wo
             data = PretrainData(TextFiles(files=[path], strip_gutenberg=True), TokenizerSpec(), cache)
             tokens = special_tokens(data.tokenizer)
             encoder, objective = build_ours(objective_name, "mini")
-            objective = type(objective)(encoder_config=encoder.config.__class__(**{**encoder.config.to_dict(),
-                                        "vocab_size": tokens.vocab_size}), tokens=tokens)
+            objective = type(objective)(
+                encoder_config=encoder.config.__class__(
+                    **{**encoder.config.to_dict(), "vocab_size": tokens.vocab_size}
+                ),
+                tokens=tokens,
+            )
             store = data.examples(objective.example_builder(seq_len), "train")
             data.examples(objective.example_builder(seq_len), "val")
             times.append(time.perf_counter() - t0)
             print(f"data pipeline, {attempt}: {times[-1]:.1f}s ({len(store):,} examples, {store.num_tokens:,} tokens)")
-        dm = PretrainDataModule(data, objective.example_builder(seq_len), objective.collator(), batch_size, 0,
-                                num_workers=workers)
+        dm = PretrainDataModule(
+            data, objective.example_builder(seq_len), objective.collator(), batch_size, 0, num_workers=workers
+        )
         dm.prepare()
         loader = dm.train_dataloader()
         it = iter(loader)
@@ -372,8 +447,10 @@ def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, wo
             next(it)
             n += 1
         per_batch = (time.perf_counter() - t0) / n
-        print(f"DataLoader ({workers} worker(s)): {1000 * per_batch:.1f} ms per batch of {batch_size} "
-              f"(compare with the step times above: the step never waits when this is smaller)")
+        print(
+            f"DataLoader ({workers} worker(s)): {1000 * per_batch:.1f} ms per batch of {batch_size} "
+            f"(compare with the step times above: the step never waits when this is smaller)"
+        )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -385,18 +462,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=None, help="default: 256 on a GPU, 32 on a CPU")
     parser.add_argument("--objectives", default=None, help="comma-separated (default: every conf/objective/ option)")
-    parser.add_argument("--precision", default="auto",
-                        help="comma-separated fp32,bf16; auto: fp32, plus bf16 where the hardware has it natively")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="comma-separated fp32,bf16; auto: fp32, plus bf16 where the hardware has it natively",
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side and round, ours and HF interleaved")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times each objective runs, in new processes minutes apart; medians are over all rounds")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each objective runs, in new processes minutes apart; medians are over all rounds",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile happens here)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the step's forward and loss, on both sides (warm-up cost reported)")
-    parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
-                        help="keep: freed memory is kept for reuse (pretrainlab.runtime.malloc, as in training), both sides; "
-                             "default: glibc's defaults")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the step's forward and loss, on both sides (warm-up cost reported)",
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=("keep", "default"),
+        default="keep",
+        help="keep: freed memory is kept for reuse (pretrainlab.runtime.malloc, as in training), both sides; "
+        "default: glibc's defaults",
+    )
     parser.add_argument("--data", default=None, help="a corpus (file or directory) to time the data pipeline on")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -407,8 +498,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.case:  # a child process: one side of one case, stepping on command
         impl, objective, precision = args.case.split(":")
-        serve(Case(impl, objective, precision, args.model, args.seq_len, args.batch, args.device, args.compile,
-                   args.malloc))
+        serve(
+            Case(
+                impl, objective, precision, args.model, args.seq_len, args.batch, args.device, args.compile, args.malloc
+            )
+        )
         return 0
 
     import torch
@@ -418,16 +512,23 @@ def main(argv: list[str] | None = None) -> int:
     set_matmul_precision(True)  # the peak and both sides with TF32 for fp32 on GPUs, as training
 
     native_bf16 = _native_bf16(args.device)
-    hardware = (torch.cuda.get_device_name() if args.device == "cuda"
-                else f"CPU {torch.backends.cpu.get_cpu_capability()}, bf16 {'native' if native_bf16 else 'emulated'}")
-    print(f"torch {torch.__version__}, {args.device} ({hardware}), {torch.get_num_threads()} threads; "
-          f"model={args.model}, seq {args.seq_len}, batch {args.batch}; {args.steps} timed steps after "
-          f"{args.warmup} warm-up; malloc {args.malloc}")
+    hardware = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU {torch.backends.cpu.get_cpu_capability()}, bf16 {'native' if native_bf16 else 'emulated'}"
+    )
+    print(
+        f"torch {torch.__version__}, {args.device} ({hardware}), {torch.get_num_threads()} threads; "
+        f"model={args.model}, seq {args.seq_len}, batch {args.batch}; {args.steps} timed steps after "
+        f"{args.warmup} warm-up; malloc {args.malloc}"
+    )
     if args.precision == "auto":
         args.precision = "fp32,bf16" if native_bf16 else "fp32"
         if not native_bf16:
-            print("bf16 skipped: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 matmuls run in a slow "
-                  "emulation (20-30x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway")
+            print(
+                "bf16 skipped: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 matmuls run in a slow "
+                "emulation (20-30x slower than fp32, measured on an AVX2-only CPU); --precision fp32,bf16 measures it anyway"
+            )
     results = []
     if args.objectives is None:  # every objective of conf/objective/ that has a transformers peer
         from pretrainlab.runtime.hydra import options
@@ -463,17 +564,35 @@ def bench_cases(args, model: str, precision: str, objectives: list[str]) -> list
             case = f"{objective}:{precision}"
 
             def worker_cmd(impl: str, case=case) -> list[str]:
-                return [sys.executable, __file__, "--case", f"{impl}:{case}", "--model", model, "--seq-len",
-                        str(args.seq_len), "--batch", str(args.batch), "--device", args.device, "--malloc",
-                        args.malloc] + (["--compile"] if args.compile else [])
+                return [
+                    sys.executable,
+                    __file__,
+                    "--case",
+                    f"{impl}:{case}",
+                    "--model",
+                    model,
+                    "--seq-len",
+                    str(args.seq_len),
+                    "--batch",
+                    str(args.batch),
+                    "--device",
+                    args.device,
+                    "--malloc",
+                    args.malloc,
+                ] + (["--compile"] if args.compile else [])
 
             pair = run_pair(case, worker_cmd, args.steps, args.warmup)
             runs.setdefault(objective, []).append(pair)
             ours, hf = (_tokens_per_s(pair[impl]) for impl in ("ours", "hf"))
-            print(f"  round {round_ + 1}  {objective:8s} ours {ours:8.0f} tok/s | HF {hf:8.0f} tok/s | "
-                  f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
-                  + (f"  (compile warm-up ours {pair['ours']['warmup_s']:.1f}s, HF {pair['hf']['warmup_s']:.1f}s)"
-                     if args.compile else ""))
+            print(
+                f"  round {round_ + 1}  {objective:8s} ours {ours:8.0f} tok/s | HF {hf:8.0f} tok/s | "
+                f"ours/HF {statistics.median(_ratios(pair)):.2f}x"
+                + (
+                    f"  (compile warm-up ours {pair['ours']['warmup_s']:.1f}s, HF {pair['hf']['warmup_s']:.1f}s)"
+                    if args.compile
+                    else ""
+                )
+            )
     cases = []
     for objective in objectives:
         pairs = runs[objective]
@@ -482,14 +601,24 @@ def bench_cases(args, model: str, precision: str, objectives: list[str]) -> list
             times = [t for pair in pairs for t in pair[impl]["times"]]
             last = pairs[-1][impl]
             per_step = statistics.median(times)
-            cases.append({
-                "impl": impl, "model": model, "objective": objective, "precision": precision, "step_s": per_step,
-                "tokens_per_s": last["n_tokens"] / per_step, "flops_per_s": last["useful_flops"] / per_step,
-                "ours_over_hf": ratio, "warmup_s": pairs[0][impl]["warmup_s"], "step_times": times,
-                "step_started": [t for pair in pairs for t in pair[impl]["started"]],
-                "rounds": [_tokens_per_s(p[impl]) for p in pairs],
-                "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
-                "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs)})
+            cases.append(
+                {
+                    "impl": impl,
+                    "model": model,
+                    "objective": objective,
+                    "precision": precision,
+                    "step_s": per_step,
+                    "tokens_per_s": last["n_tokens"] / per_step,
+                    "flops_per_s": last["useful_flops"] / per_step,
+                    "ours_over_hf": ratio,
+                    "warmup_s": pairs[0][impl]["warmup_s"],
+                    "step_times": times,
+                    "step_started": [t for pair in pairs for t in pair[impl]["started"]],
+                    "rounds": [_tokens_per_s(p[impl]) for p in pairs],
+                    "peak_mem_mb": max(p[impl]["peak_mem_mb"] for p in pairs),
+                    "page_faults_per_step": statistics.mean(p[impl]["page_faults_per_step"] for p in pairs),
+                }
+            )
     # measured before and after the cases: the machine's speed drifts on shared hosts
     peak = max(before, matmul_peak(precision, args.device))
     n = peak_size(args.device)
@@ -511,13 +640,17 @@ def _ratios(pair: dict[str, dict]) -> list[float]:
 
 
 def print_table(results: list[dict]) -> None:
-    print("\n| model | objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |")
+    print(
+        "\n| model | objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for i in range(0, len(results), 2):
         o, h = results[i], results[i + 1]
-        print(f"| {o['model']} | {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
-              f"{o['ours_over_hf']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
-              f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |")
+        print(
+            f"| {o['model']} | {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
+            f"{o['ours_over_hf']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
+            f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |"
+        )
 
 
 def _native_bf16(device: str) -> bool:

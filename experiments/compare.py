@@ -32,16 +32,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sources", nargs="+", help="results directories/files, or wandb:<entity>/<project>")
     parser.add_argument("--out", default="comparison", help="output directory (default: ./comparison)")
-    parser.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"],
-                        help="log the table to W&B (default: offline, sync later with `wandb sync`)")
+    parser.add_argument(
+        "--wandb",
+        default="offline",
+        choices=["offline", "online", "disabled"],
+        help="log the table to W&B (default: offline, sync later with `wandb sync`)",
+    )
     parser.add_argument("--project", default="pretrainlab", help="W&B project (default: pretrainlab)")
     parser.add_argument("--group", default=None, help="W&B group, e.g. the study's name")
-    parser.add_argument("--label", action="append", default=[], metavar="SOURCE=NAME",
-                        help="name the encoder(s) of one source (a directory given above); repeatable")
-    parser.add_argument("--baseline", default=None, metavar="ROW",
-                        help="a row of the table (e.g. bert, scratch): report every other row's difference to it")
-    parser.add_argument("--ci", default="t", choices=["t", "bootstrap"],
-                        help="confidence interval: two-level t (default) or hierarchical bootstrap")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="SOURCE=NAME",
+        help="name the encoder(s) of one source (a directory given above); repeatable",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="ROW",
+        help="a row of the table (e.g. bert, scratch): report every other row's difference to it",
+    )
+    parser.add_argument(
+        "--ci",
+        default="t",
+        choices=["t", "bootstrap"],
+        help="confidence interval: two-level t (default) or hierarchical bootstrap",
+    )
     parser.add_argument("--level", type=float, default=0.95, help="confidence level (default: 0.95)")
     args = parser.parse_args(argv)
     if not 0 < args.level < 1:

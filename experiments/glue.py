@@ -29,8 +29,13 @@ def main(cfg: DictConfig) -> None:
     from pretrainlab.studies.suite import run_suite
 
     with exit_on_signal("the GLUE suite", rerun_command()):
-        run_suite(cfg, list(cfg.tasks), [int(s) for s in cfg.seeds], cfg.output_dir,
-                  OmegaConf.to_container(cfg.task_overrides, resolve=True))
+        run_suite(
+            cfg,
+            list(cfg.tasks),
+            [int(s) for s in cfg.seeds],
+            cfg.output_dir,
+            OmegaConf.to_container(cfg.task_overrides, resolve=True),
+        )
 
 
 if __name__ == "__main__":

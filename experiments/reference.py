@@ -53,12 +53,20 @@ def reference_model(name: str, config, vocab_size: int):
     if name == "roberta":  # RoBERTa's objective on BERT's architecture, as pretrainlab runs it
         import transformers as tf
 
-        return tf.BertForMaskedLM(tf.BertConfig(
-            vocab_size=vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
-            num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size,
-            max_position_embeddings=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
-            hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,
-            layer_norm_eps=config.layer_norm_eps))
+        return tf.BertForMaskedLM(
+            tf.BertConfig(
+                vocab_size=vocab_size,
+                hidden_size=config.hidden_size,
+                num_hidden_layers=config.num_layers,
+                num_attention_heads=config.num_heads,
+                intermediate_size=config.intermediate_size,
+                max_position_embeddings=config.max_position_embeddings,
+                type_vocab_size=config.type_vocab_size,
+                hidden_dropout_prob=config.hidden_dropout,
+                attention_probs_dropout_prob=config.attention_dropout,
+                layer_norm_eps=config.layer_norm_eps,
+            )
+        )
     return build_hf(name, config, vocab_size=vocab_size)
 
 
@@ -83,8 +91,9 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
         # the discriminator's input as pretrainlab makes it: a sample at each masked position, at the batch's
         # own uniforms, put in place by ELECTRA.replace
         at = at_slots(gen.logits, batch)
-        sampled = sample(at.reshape(-1, at.shape[-1]).float(), objective.temperature,
-                         batch["sample_uniform"].reshape(-1)).view_as(positions)
+        sampled = sample(
+            at.reshape(-1, at.shape[-1]).float(), objective.temperature, batch["sample_uniform"].reshape(-1)
+        ).view_as(positions)
         disc_ids, replaced = ELECTRA.replace(ids, positions, originals, sampled)
         disc = model.disc(input_ids=disc_ids, token_type_ids=types, attention_mask=mask, labels=replaced.long())
         loss = gen.loss + objective.disc_weight * disc.loss
@@ -92,8 +101,13 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
             counts = learning.masked_tally("gen", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
             counts |= learning.detection_tally("rtd", disc.logits, replaced, mask)
         return loss, counts
-    kwargs = {"next_sentence_label": batch["labels"]} if name == "bert" else \
-        {"sentence_order_label": batch["labels"]} if name == "albert" else {}
+    kwargs = (
+        {"next_sentence_label": batch["labels"]}
+        if name == "bert"
+        else {"sentence_order_label": batch["labels"]}
+        if name == "albert"
+        else {}
+    )
     out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kwargs)
     if tally:
         at = at_slots(out.logits if name == "roberta" else out.prediction_logits, batch)
@@ -116,10 +130,14 @@ def evaluate(model, objective, batches) -> tuple[dict, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run", type=Path, help="a pretrainlab run directory (its config.yaml and learning.csv)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the run's max_steps)")
-    p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: the run's val_every)")
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="steps between evaluations (default: the run's val_every)"
+    )
     p.add_argument("--eval-batches", type=int, default=None, help="held-out batches per evaluation (default: all)")
     p.add_argument("--out", type=Path, default=None, help="CSV of the reference's learning curve")
     args = p.parse_args(argv)
@@ -129,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = OmegaConf.load(args.run / "config.yaml")
     if cfg.get("budget") and any(cfg.budget.get(k) for k in ("tokens", "flops", "minutes")):
-        p.error(f"{args.run} was trained to a budget.{next(k for k in ('tokens', 'flops', 'minutes') if cfg.budget.get(k))}; "
-                "this reference counts steps: pass --steps (the step the run reached is in its train.log).")
+        p.error(
+            f"{args.run} was trained to a budget.{next(k for k in ('tokens', 'flops', 'minutes') if cfg.budget.get(k))}; "
+            "this reference counts steps: pass --steps (the step the run reached is in its train.log)."
+        )
     steps = args.steps or int(cfg.max_steps)
     every = args.eval_every or int(cfg.val_every)
     torch.manual_seed(int(cfg.seed))
@@ -142,8 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"objective {name} has no transformers reference here")
     if int(cfg.get("device_batch_size") or cfg.batch_size) != int(cfg.batch_size):
         p.error("the reference trains without gradient accumulation: the run's device_batch_size must equal batch_size")
-    datamodule = PretrainDataModule(data, objective.example_builder(cfg.max_seq_len), objective.collator(None),
-                                    int(cfg.batch_size), int(cfg.seed), num_workers=0)
+    datamodule = PretrainDataModule(
+        data,
+        objective.example_builder(cfg.max_seq_len),
+        objective.collator(None),
+        int(cfg.batch_size),
+        int(cfg.seed),
+        num_workers=0,
+    )
     datamodule.prepare()
     model = reference_model(name, config, tokens.vocab_size)
     module = model.module if hasattr(model, "module") else model
@@ -152,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     schedule = optim.schedule(opt, steps)
     val = list(datamodule.val_dataloader())
     if args.eval_batches:
-        val = val[:args.eval_batches]
+        val = val[: args.eval_batches]
     ours = {int(r["step"]): r for r in read_rows(args.run / FILE)}
     rows = []
     step, epoch = 0, 0
@@ -176,10 +202,20 @@ def main(argv: list[str] | None = None) -> int:
                 for c in checks:
                     row |= {f"value:{c.head}": c.value, f"baseline:{c.head}": c.baseline, f"status:{c.head}": c.status}
                     mine = ours.get(step, {})
-                    theirs = (f"pretrainlab {float(mine[f'value:{c.head}']):.3f} ({mine[f'status:{c.head}']})"
-                              if mine.get(f"value:{c.head}") else "pretrainlab: no validation at this step")
-                    log.info("step %d  %s: reference %.3f vs baseline %.3f (%s) | %s", step, c.head, c.value,
-                             c.baseline, c.status, theirs)
+                    theirs = (
+                        f"pretrainlab {float(mine[f'value:{c.head}']):.3f} ({mine[f'status:{c.head}']})"
+                        if mine.get(f"value:{c.head}")
+                        else "pretrainlab: no validation at this step"
+                    )
+                    log.info(
+                        "step %d  %s: reference %.3f vs baseline %.3f (%s) | %s",
+                        step,
+                        c.head,
+                        c.value,
+                        c.baseline,
+                        c.status,
+                        theirs,
+                    )
                 rows.append(row)
             if step >= steps:
                 break

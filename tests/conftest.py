@@ -50,8 +50,9 @@ def run_command(args: list[str], timeout: float = 600, **kwargs) -> subprocess.C
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             err.seek(0)
-            raise AssertionError(f"{' '.join(map(str, args[:4]))} ... still running after {timeout}s:\n"
-                                 f"{err.read()[-3000:]}") from None
+            raise AssertionError(
+                f"{' '.join(map(str, args[:4]))} ... still running after {timeout}s:\n{err.read()[-3000:]}"
+            ) from None
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(args, code, out.read(), err.read())
@@ -68,9 +69,16 @@ def compose_train(*overrides: str):
 
 # a small, fast configuration for end-to-end runs
 SMALL = [
-    "model=tiny", "data.num_documents=300", "max_seq_len=64", "batch_size=16", "logger=csv",
-    "num_workers=0", "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0",
-    "trainer.enable_progress_bar=false", "tokenizer.vocab_size=1000",
+    "model=tiny",
+    "data.num_documents=300",
+    "max_seq_len=64",
+    "batch_size=16",
+    "logger=csv",
+    "num_workers=0",
+    "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "tokenizer.vocab_size=1000",
 ]
 
 

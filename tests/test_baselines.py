@@ -24,7 +24,9 @@ def test_masked_counts_split_by_what_the_model_was_shown_and_the_unigram_baselin
     labels = torch.as_tensor(rng.choice(vocab, size=(40, 100), p=np.r_[0.3, np.full(vocab - 1, 0.7 / (vocab - 1))]))
     labels[:, 90:] = IGNORE  # empty slots
     kind = torch.as_tensor(rng.choice(3, size=labels.shape, p=[0.8, 0.1, 0.1]))
-    shown = torch.where(kind == 0, MASK, torch.where(kind == 1, labels, torch.as_tensor(rng.integers(5, vocab, labels.shape))))
+    shown = torch.where(
+        kind == 0, MASK, torch.where(kind == 1, labels, torch.as_tensor(rng.integers(5, vocab, labels.shape)))
+    )
     predicted = torch.where(torch.as_tensor(rng.random(labels.shape) < 0.4), labels, torch.zeros_like(labels))
     hidden = predicted.clamp(min=0)[..., None].float()  # the "hidden state" is the prediction itself
 
@@ -34,7 +36,9 @@ def test_masked_counts_split_by_what_the_model_was_shown_and_the_unigram_baselin
     tally = learning.masked_tally("mlm", logits, hidden, labels, shown, MASK, vocab, chunk=333)
     m = learning.masked_metrics("mlm", learning.to_host(tally))
     real = labels != IGNORE
-    truly = torch.where(shown == MASK, 0, torch.where(shown == labels, 1, 2))  # a random token equal to the label is "kept"
+    truly = torch.where(
+        shown == MASK, 0, torch.where(shown == labels, 1, 2)
+    )  # a random token equal to the label is "kept"
     for k, name in enumerate(learning.KINDS):
         sel = real & (truly == k)
         assert m[f"mlm_acc_at_{name}"] == pytest.approx(float((predicted[sel] == labels[sel]).float().mean()))
@@ -47,8 +51,10 @@ def test_masked_counts_split_by_what_the_model_was_shown_and_the_unigram_baselin
     # the verdict: 0.4 + 0.6 * 0.3 ~ 0.58 at [MASK] is under twice the 0.3 baseline
     assert learning.masked_check("MLM at [MASK]", "mlm", m).status == learning.ABOVE
     # tallies add: two halves give the whole
-    halves = [learning.masked_tally("mlm", logits, hidden[s], labels[s], shown[s], MASK, vocab)
-              for s in (slice(0, 17), slice(17, None))]
+    halves = [
+        learning.masked_tally("mlm", logits, hidden[s], labels[s], shown[s], MASK, vocab)
+        for s in (slice(0, 17), slice(17, None))
+    ]
     whole = learning.to_host(learning.add(learning.add(None, halves[0]), halves[1]))
     assert learning.masked_metrics("mlm", whole) == pytest.approx(m)
 
@@ -73,17 +79,21 @@ def test_a_detector_that_always_says_original_is_at_its_baseline():
     replaced = torch.as_tensor(np.random.default_rng(2).random((64, 30)) < 0.15).float()
     real = torch.ones_like(replaced, dtype=torch.bool)
     real[:, 25:] = False  # padding is not scored
-    m = learning.detection_metrics("rtd", learning.to_host(
-        learning.detection_tally("rtd", torch.full(replaced.shape, -3.0), replaced, real)))
+    m = learning.detection_metrics(
+        "rtd", learning.to_host(learning.detection_tally("rtd", torch.full(replaced.shape, -3.0), replaced, real))
+    )
     rate = float(replaced[real].mean())
     assert m["rtd_recall"] == 0 and m["rtd_precision"] == 0 and m["rtd_auc"] == pytest.approx(0.5)
     assert m["rtd_acc"] == pytest.approx(1 - rate) == m["rtd_base_acc"]
-    assert m["rtd_loss"] > m["rtd_base_loss"] == pytest.approx(-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)))
+    assert (
+        m["rtd_loss"] > m["rtd_base_loss"] == pytest.approx(-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)))
+    )
     assert learning.detection_check("replaced-token detection", "rtd", m).at_baseline
 
 
-@pytest.mark.parametrize("correct, status", [(5000, learning.AT), (5150, learning.AT), (5300, learning.ABOVE),
-                                             (6000, learning.PAST)])
+@pytest.mark.parametrize(
+    "correct, status", [(5000, learning.AT), (5150, learning.AT), (5300, learning.ABOVE), (6000, learning.PAST)]
+)
 def test_pair_heads_are_judged_against_the_majority_label_with_their_sample_size(correct, status):
     tally = {"nsp_n": 10000.0, "nsp_correct": float(correct), "nsp_positive": 5000.0}
     m = learning.pair_metrics("nsp", tally)
@@ -132,8 +142,9 @@ def test_accuracy_at_mask_equals_an_independent_full_sequence_computation(name):
     with torch.no_grad():
         metrics, _ = objective.learning(learning.to_host(objective.tally(encoder, batch)))
         hidden = encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]).hidden_states
-        logits = torch.nn.functional.linear(objective.mlm_head.transform(hidden),
-                                            encoder.embeddings.word_embeddings.weight, objective.mlm_head.bias)
+        logits = torch.nn.functional.linear(
+            objective.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight, objective.mlm_head.bias
+        )
     original = batch["input_ids"].clone()
     keep = batch["mlm_labels"] != IGNORE
     rows = torch.arange(len(original))[:, None].expand_as(batch["mlm_positions"])
@@ -180,27 +191,42 @@ def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_t
     def check(head, status, value=0.05):
         return learning.HeadCheck(head, "m", value, 0.05, "most frequent token", status, "").to_dict()
 
-    rows = {"roberta-s0": {"objective": "roberta", "metrics": {}, "checks": [check("MLM at [MASK]", learning.AT)]},
-            "bert-s0": {"objective": "bert", "metrics": {},
-                        "checks": [check("MLM at [MASK]", learning.PAST, 0.3), check("NSP", learning.PAST, 0.9)]}}
-    results = [_result(label, "tiny", 0, label, "rte", s, v) for label in ("roberta", "bert")
-               for s, v in enumerate([0.5, 0.55, 0.6])]
+    rows = {
+        "roberta-s0": {"objective": "roberta", "metrics": {}, "checks": [check("MLM at [MASK]", learning.AT)]},
+        "bert-s0": {
+            "objective": "bert",
+            "metrics": {},
+            "checks": [check("MLM at [MASK]", learning.PAST, 0.3), check("NSP", learning.PAST, 0.9)],
+        },
+    }
+    results = [
+        _result(label, "tiny", 0, label, "rte", s, v)
+        for label in ("roberta", "bert")
+        for s, v in enumerate([0.5, 0.55, 0.6])
+    ]
     table = write_report(results, tmp_path, preface=learning_preface(rows), learning=rows)
     md = (tmp_path / "comparison.md").read_text()
     preface = md.split("| encoder")[0]
-    assert md.startswith("**Not yet learned: 1 of 2 pretraining runs") and "- roberta-s0: MLM at [MASK] 0.050" in preface
+    assert (
+        md.startswith("**Not yet learned: 1 of 2 pretraining runs") and "- roberta-s0: MLM at [MASK] 0.050" in preface
+    )
     assert "bert-s0" not in preface
     assert "**at baseline**" in learning_markdown(rows) and learning_preface({"bert-s0": rows["bert-s0"]}) == ""
     run_dir = log_to_wandb(table, tmp_path, mode="offline", group="learning-test")
     offline = Path(run_dir).parent  # <dir>/wandb/offline-run-*/files
-    inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
-                               capture_output=True, text=True)
+    inspected = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
+        capture_output=True,
+        text=True,
+    )
     summary = json.loads(inspected.stdout)["summary"]
     assert summary["learning/at_baseline"] == "roberta-s0" and summary["learning/runs_at_baseline"] == 1
     logged = json.loads(next(Path(run_dir).glob("media/table/learning/table_*.table.json")).read_text())
     assert sorted((r[0], r[1], r[5]) for r in logged["data"]) == [
-        ("bert-s0", "MLM at [MASK]", "past baseline"), ("bert-s0", "NSP", "past baseline"),
-        ("roberta-s0", "MLM at [MASK]", "at baseline")]
+        ("bert-s0", "MLM at [MASK]", "past baseline"),
+        ("bert-s0", "NSP", "past baseline"),
+        ("roberta-s0", "MLM at [MASK]", "at baseline"),
+    ]
 
 
 def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_replaces_what_it_redoes(tmp_path):
@@ -213,21 +239,33 @@ def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_repla
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True)
 
     def validate(step, value, status):
-        row = {"step": step, "tokens": 100.0 * step, "flops": 1e6 * step, "mlm_acc_at_mask": value,
-               "value:MLM at [MASK]": value, "baseline:MLM at [MASK]": 0.1, "status:MLM at [MASK]": status}
+        row = {
+            "step": step,
+            "tokens": 100.0 * step,
+            "flops": 1e6 * step,
+            "mlm_acc_at_mask": value,
+            "value:MLM at [MASK]": value,
+            "baseline:MLM at [MASK]": 0.1,
+            "status:MLM at [MASK]": status,
+        }
         log.on_validation_end(trainer, SimpleNamespace(learning_row=row))
 
     for step, value, status in [(10, 0.1, learning.AT), (20, 0.15, learning.ABOVE), (30, 0.3, learning.PAST)]:
         validate(step, value, status)
-    log.on_validation_end(SimpleNamespace(sanity_checking=True, is_global_zero=True),
-                          SimpleNamespace(learning_row={"step": 0}))  # the sanity check writes nothing
+    log.on_validation_end(
+        SimpleNamespace(sanity_checking=True, is_global_zero=True), SimpleNamespace(learning_row={"step": 0})
+    )  # the sanity check writes nothing
     assert [r["step"] for r in read_rows(tmp_path / "learning.csv")] == ["10", "20", "30"]
     validate(20, 0.2, learning.ABOVE)  # resumed from the checkpoint at step 15: 20 is validated again
     validate(30, 0.35, learning.PAST)
     validate(40, 0.4, learning.PAST)
     rows = read_rows(tmp_path / "learning.csv")
-    assert [(r["step"], r["mlm_acc_at_mask"]) for r in rows] == [("10", "0.1"), ("20", "0.2"), ("30", "0.35"),
-                                                                 ("40", "0.4")]
+    assert [(r["step"], r["mlm_acc_at_mask"]) for r in rows] == [
+        ("10", "0.1"),
+        ("20", "0.2"),
+        ("30", "0.35"),
+        ("40", "0.4"),
+    ]
     found = learning_curves([tmp_path], tmp_path / "report")
     head = found[tmp_path.name]["MLM at [MASK]"]
     assert head["past_at"] == {"step": 30.0, "tokens": 3000.0, "flops": 3e7} and head["points"] == 4
@@ -251,8 +289,17 @@ def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_p
 
     run(compose_train(*SMALL, f"objective={name}", "max_steps=30", "val_every=15", "checkpoint_every=30"), tmp_path)
     out = tmp_path / "reference.csv"
-    done = run_command([sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path), "--eval-batches",
-                        "2", "--out", str(out)])
+    done = run_command(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "reference.py"),
+            str(tmp_path),
+            "--eval-batches",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ours = {r["step"]: r for r in read_rows(tmp_path / "learning.csv")}
     theirs = list(csv.DictReader(out.open()))
@@ -275,7 +322,8 @@ def test_the_reference_never_writes_over_an_existing_file(tmp_path):
 
     out = tmp_path / "mine.csv"
     out.write_text("a user's file\n")
-    done = run_command([sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path / "no-run"),
-                        "--out", str(out)])
+    done = run_command(
+        [sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path / "no-run"), "--out", str(out)]
+    )
     assert done.returncode == 2 and "already exists" in done.stderr and str(out) in done.stderr, done.stderr[-2000:]
     assert out.read_text() == "a user's file\n"

@@ -13,17 +13,47 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
     corpus = tmp_path / "corpus"  # a directory of books, one document each
     corpus.mkdir()
     for b in range(4):
-        (corpus / f"book{b}.txt").write_text(" ".join(f"Line {i} of book {b} is about river{i % 7}." for i in range(300)))
+        (corpus / f"book{b}.txt").write_text(
+            " ".join(f"Line {i} of book {b} is about river{i % 7}." for i in range(300))
+        )
     out = subprocess.run(
-        [sys.executable, "experiments/bench.py", "--model", "tiny", "--objectives", "roberta,electra",
-         "--precision", "fp32", "--seq-len", "32", "--batch", "4", "--steps", "2", "--warmup", "1", "--rounds", "2",
-         "--json", str(tmp_path / "bench.json"), "--data", str(corpus)],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [
+            sys.executable,
+            "experiments/bench.py",
+            "--model",
+            "tiny",
+            "--objectives",
+            "roberta,electra",
+            "--precision",
+            "fp32",
+            "--seq-len",
+            "32",
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--json",
+            str(tmp_path / "bench.json"),
+            "--data",
+            str(corpus),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "bench.json").read_text())
     assert [(r["impl"], r["objective"]) for r in results] == [
-        ("ours", "roberta"), ("hf", "roberta"), ("ours", "electra"), ("hf", "electra")]
+        ("ours", "roberta"),
+        ("hf", "roberta"),
+        ("ours", "electra"),
+        ("hf", "electra"),
+    ]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["peak_mem_mb"] > 0 for r in results)
     assert all(r["page_faults_per_step"] >= 0 for r in results) and "malloc keep" in out.stdout
     for ours, hf in (results[:2], results[2:]):
@@ -31,8 +61,11 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         assert len(ours["rounds"]) == len(hf["rounds"]) == 2 and len(ours["step_started"]) == 4
         for i, (o, h) in enumerate(zip(ours["step_started"], hf["step_started"])):
             assert (o < h) == (i % 2 == 0), (i, o, h)
-        assert ours["ours_over_hf"] == hf["ours_over_hf"] == statistics.median(
-            h / o for o, h in zip(ours["step_times"], hf["step_times"]))
+        assert (
+            ours["ours_over_hf"]
+            == hf["ours_over_hf"]
+            == statistics.median(h / o for o, h in zip(ours["step_times"], hf["step_times"]))
+        )
         assert all(r["step_s"] == statistics.median(r["step_times"]) for r in (ours, hf))
     assert "| roberta | fp32 |" in out.stdout and "| electra | fp32 |" in out.stdout
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout

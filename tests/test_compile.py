@@ -19,8 +19,15 @@ from tests.conftest import SMALL, compose_train, random_documents
 def setup(name: str, length: int | None, dropout: float = 0.1, seed: int = 0):
     torch.manual_seed(seed)
     tokens = SpecialTokens(500, 0, 1, 2, 3, 4, np.zeros(500, dtype=bool))
-    config = EncoderConfig(vocab_size=500, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                           hidden_dropout=dropout, attention_dropout=dropout)
+    config = EncoderConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+    )
     objective = build_objective(compose_train(f"objective={name}"), config, tokens)
     examples = list(objective.example_builder(32)(random_documents(60, seed=seed), np.random.default_rng(seed)))
     return objective, Encoder(config), examples
@@ -46,7 +53,7 @@ def test_static_shapes_give_every_batch_the_same_shapes(name):
     collate = objective.collator(32)
     shapes = set()
     for i in range(0, 48, 8):  # batches of different contents and lengths
-        batch = collate(examples[i:i + 8], torch.Generator().manual_seed(i))
+        batch = collate(examples[i : i + 8], torch.Generator().manual_seed(i))
         shapes.add(tuple((k, tuple(v.shape)) for k, v in sorted(batch.items()) if torch.is_tensor(v)))
     assert len(shapes) == 1
     shape = dict(next(iter(shapes)))
@@ -54,7 +61,8 @@ def test_static_shapes_give_every_batch_the_same_shapes(name):
     short = [{k: (v[:12] if np.ndim(v) else v) for k, v in e.items()} for e in examples[:8]]
     short_batch = collate(short, torch.Generator().manual_seed(0))  # short examples are padded to the length
     assert short_batch["input_ids"].shape == (8, 32) and objective.collator()(short, torch.Generator())[
-        "input_ids"].shape == (8, 16)  # without a length: the longest, rounded up to 8
+        "input_ids"
+    ].shape == (8, 16)  # without a length: the longest, rounded up to 8
 
 
 def test_the_compiled_step_equals_the_eager_one():
@@ -83,8 +91,17 @@ def test_a_compiled_training_run_gives_the_eager_losses(tmp_path, monkeypatch):
     """``compile=true`` in a run: the module compiles its step, logs the warm-up, and trains to the
     eager losses (the aot_eager backend traces exactly what inductor would compile, without the
     C++ build; the inductor code itself is checked above)."""
-    overrides = [*SMALL, "max_steps=6", "val_every=3", "checkpoint_every=6", "trainer.log_every_n_steps=1",
-                 "export=false", "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "static_shapes=true"]
+    overrides = [
+        *SMALL,
+        "max_steps=6",
+        "val_every=3",
+        "checkpoint_every=6",
+        "trainer.log_every_n_steps=1",
+        "export=false",
+        "model.hidden_dropout=0.0",
+        "model.attention_dropout=0.0",
+        "static_shapes=true",
+    ]
 
     def losses(run_dir):
         rows = [r for f in run_dir.glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]

@@ -97,8 +97,12 @@ def test_every_example_in_the_entry_points_docstrings_composes():
     import re
     import shlex
 
-    scripts = {"train.py": "train", "finetune.py": "finetune", "experiments/ablate.py": "ablate",
-               "experiments/glue.py": "glue"}
+    scripts = {
+        "train.py": "train",
+        "finetune.py": "finetune",
+        "experiments/ablate.py": "ablate",
+        "experiments/glue.py": "glue",
+    }
     checked = 0
     for script, default in scripts.items():
         doc = ast.get_docstring(ast.parse((ROOT / script).read_text()))
@@ -112,7 +116,7 @@ def test_every_example_in_the_entry_points_docstrings_composes():
             if "--config-name" in args:
                 i = args.index("--config-name")
                 name = args[i + 1]
-                del args[i:i + 2]
+                del args[i : i + 2]
             args = [a for a in args if a != "-m"]
             if "-m" in shlex.split(line):  # multirun sweeps: compose the first value of each list
                 args = [a.split(",")[0] if "=" in a and "[" not in a else a for a in args]
@@ -143,22 +147,29 @@ def test_the_gpu_check_script_never_writes_over_an_earlier_measurement(tmp_path)
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "bench_eager.txt").write_text("numbers")
-    done = subprocess.run(["bash", str(ROOT / "experiments" / "gpu_check.sh"), str(earlier)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(ROOT / "experiments" / "gpu_check.sh"), str(earlier)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "already holds files" in done.stderr
     assert [p.name for p in earlier.iterdir()] == ["bench_eager.txt"]
     assert (earlier / "bench_eager.txt").read_text() == "numbers"
 
 
 def test_help_lists_the_groups_each_entry_point_composes():
-    train = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)
+    train = subprocess.run(
+        [sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert train.returncode == 0, train.stderr
     groups = {line.split(":")[0] for line in train.stdout.splitlines() if ": " in line and "," in line}
     assert {"model", "objective", "data", "tokenizer", "trainer", "logger"} <= groups and "task" not in groups
     assert "model: albert_base, base, electra_small, large, medium, mini, small, tiny" in train.stdout
-    finetune = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+    finetune = subprocess.run(
+        [sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert finetune.returncode == 0 and "task: blimp, cola," in finetune.stdout
 
 
@@ -197,6 +208,7 @@ def test_every_top_level_key_can_be_set_from_the_command_line(name):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(name, return_hydra_config=True)
     chosen = set(cfg.hydra.runtime.choices)
-    clashing = [k for k in cfg if k != "hydra" and (CONF / k).is_dir() and k not in chosen
-                and not OmegaConf.is_dict(cfg[k])]
+    clashing = [
+        k for k in cfg if k != "hydra" and (CONF / k).is_dir() and k not in chosen and not OmegaConf.is_dict(cfg[k])
+    ]
     assert not clashing, f"conf/{name}.yaml: {clashing} cannot be overridden as key=value (conf/{clashing[0]}/ exists)"

@@ -20,8 +20,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def setup(name: str, dropout: float = 0.0, length: int = 64):
     torch.manual_seed(0)
     tokens = SpecialTokens(1000, 0, 1, 2, 3, 4, np.zeros(1000, dtype=bool))
-    config = EncoderConfig(vocab_size=1000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
-                           hidden_dropout=dropout, attention_dropout=dropout)
+    config = EncoderConfig(
+        vocab_size=1000,
+        hidden_size=128,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=512,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+    )
     objective = build_objective(compose_train(f"objective={name}"), config, tokens).cuda()
     encoder = Encoder(config).cuda()
     if not objective.uses_pooler:
@@ -55,8 +62,12 @@ def test_the_masked_rows_in_bf16_are_the_full_forwards_rows():
     encoder.eval()
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         full = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        rows = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], rows=batch["mlm_positions"])
-    wanted = full.hidden_states.gather(1, batch["mlm_positions"][:, :, None].expand(-1, -1, full.hidden_states.shape[-1]))
+        rows = encoder(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], rows=batch["mlm_positions"]
+        )
+    wanted = full.hidden_states.gather(
+        1, batch["mlm_positions"][:, :, None].expand(-1, -1, full.hidden_states.shape[-1])
+    )
     torch.testing.assert_close(rows.hidden_states.float(), wanted.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(rows.pooled.float(), full.pooled.float(), rtol=2e-2, atol=2e-2)
 
@@ -88,9 +99,20 @@ def test_resume_on_the_gpu_with_deterministic_settings_repeats_the_losses(tmp_pa
     import time
 
     env = {**os.environ, "WANDB_MODE": "disabled", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    args = [sys.executable, "train.py", *SMALL, "trainer=gpu", "trainer.precision=32-true",
-            "+trainer.deterministic=true", "compile=false", "trainer.log_every_n_steps=1", "val_every=1000",
-            "checkpoint_every=10", "export=false", "max_steps=30"]
+    args = [
+        sys.executable,
+        "train.py",
+        *SMALL,
+        "trainer=gpu",
+        "trainer.precision=32-true",
+        "+trainer.deterministic=true",
+        "compile=false",
+        "trainer.log_every_n_steps=1",
+        "val_every=1000",
+        "checkpoint_every=10",
+        "export=false",
+        "max_steps=30",
+    ]
 
     def losses(run_dir):
         rows = [r for f in run_dir.glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]
@@ -99,8 +121,14 @@ def test_resume_on_the_gpu_with_deterministic_settings_repeats_the_losses(tmp_pa
     done = run_command([*args, f"hydra.run.dir={tmp_path / 'full'}"], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*args, f"hydra.run.dir={killed}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*args, f"hydra.run.dir={killed}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     t0 = time.time()
     while not (killed / "checkpoints" / "step=10.ckpt").exists() and proc.poll() is None and time.time() - t0 < 600:
         time.sleep(0.05)

@@ -18,9 +18,13 @@ from pretrainlab.tokens import SPECIALS, special_tokens
 
 
 def test_sentence_splitting():
-    text = "Mr. Smith went to Washington. He said \"Stop!\" Then he left.\nThis line is\nwrapped.\n\nNew paragraph"
+    text = 'Mr. Smith went to Washington. He said "Stop!" Then he left.\nThis line is\nwrapped.\n\nNew paragraph'
     assert split_sentences(text) == [
-        "Mr. Smith went to Washington.", "He said \"Stop!\"", "Then he left.", "This line is wrapped.", "New paragraph",
+        "Mr. Smith went to Washington.",
+        'He said "Stop!"',
+        "Then he left.",
+        "This line is wrapped.",
+        "New paragraph",
     ]
 
 
@@ -70,8 +74,10 @@ def test_invalid_utf8_is_named_with_its_file_and_offset_or_replaced_on_request(t
     assert str(bad) in message and "offset 26 (line 2)" in message and "data.encoding_errors=replace" in message
     docs = TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").documents(tmp_path / "c2")
     assert any("\ufffd" in s for doc in docs["sentences"] for s in doc) and len(docs) == 3
-    assert TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").fingerprint() != \
-        TextFiles(files=[str(tmp_path / "books")]).fingerprint()
+    assert (
+        TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").fingerprint()
+        != TextFiles(files=[str(tmp_path / "books")]).fingerprint()
+    )
 
 
 @pytest.mark.parametrize("blank_lines", [False, True])
@@ -115,8 +121,11 @@ def test_a_malformed_json_lines_corpus_names_its_file_and_line(tmp_path):
     lines = [json.dumps({"text": f"Other {i}."}) for i in range(12)]
     lines[8] = '{"text": "cut off in the midd'
     (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(CorpusError, match=r"b.jsonl, line 9: not a complete JSON object .*'text' field: repair or "
-                                          r"remove that line"):
+    with pytest.raises(
+        CorpusError,
+        match=r"b.jsonl, line 9: not a complete JSON object .*'text' field: repair or "
+        r"remove that line",
+    ):
         TextFiles(files=[str(tmp_path)]).documents(tmp_path / "cache")
     lines[8] = json.dumps(["a", "list"])
     (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
@@ -188,16 +197,25 @@ def test_bpe_and_pretrained_tokenizers(tmp_path):
 # text with what makes continuation pieces hard to predict: removed characters (a left-to-right
 # mark, a byte-order mark, a combining accent when lowercasing), symbols that stand alone or join,
 # Greek capitals, a dotted capital I, CJK characters (split off), punctuation, full-width letters
-AWKWARD = ["The ΟΔΟΣ of Ἀθῆναι, and £5 at 45° is ½ the café's naïve price.", "x\u200eי and ☉ ☉ ♂ so İstanbul",
-           "e\u0301t\u0301e 日本語 don't ALL-CAPS 3.14 ｆｕｌｌ－ｗｉｄｔｈ \ufeffbom"] * 3
+AWKWARD = [
+    "The ΟΔΟΣ of Ἀθῆναι, and £5 at 45° is ½ the café's naïve price.",
+    "x\u200eי and ☉ ☉ ♂ so İstanbul",
+    "e\u0301t\u0301e 日本語 don't ALL-CAPS 3.14 ｆｕｌｌ－ｗｉｄｔｈ \ufeffbom",
+] * 3
 
 
 def native(spec: TokenizerSpec, sentences: list[str]) -> Tokenizer:
     """tokenizers' own WordPiece training."""
     tok = spec._wordpiece()
-    tok.train_from_iterator(sentences, trainers.WordPieceTrainer(
-        vocab_size=spec.vocab_size, min_frequency=spec.min_frequency, special_tokens=list(SPECIALS.values()),
-        show_progress=False))
+    tok.train_from_iterator(
+        sentences,
+        trainers.WordPieceTrainer(
+            vocab_size=spec.vocab_size,
+            min_frequency=spec.min_frequency,
+            special_tokens=list(SPECIALS.values()),
+            show_progress=False,
+        ),
+    )
     return tok
 
 

@@ -13,8 +13,12 @@ def test_bert_presets_have_hugging_face_parameter_counts(preset, expected):
 
 
 def test_presets_shapes():
-    for preset, (h, layers, heads) in {"tiny": (128, 2, 2), "mini": (256, 4, 4), "small": (512, 4, 8),
-                                        "medium": (512, 8, 8)}.items():
+    for preset, (h, layers, heads) in {
+        "tiny": (128, 2, 2),
+        "mini": (256, 4, 4),
+        "small": (512, 4, 8),
+        "medium": (512, 8, 8),
+    }.items():
         c = instantiate(compose_train(f"model={preset}", "model.vocab_size=100").model)
         assert (c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size) == (h, layers, heads, 4 * h)
 
@@ -29,8 +33,17 @@ def test_config_rejects_impossible_shapes_with_a_readable_message():
 
 
 def tiny(**kw):
-    return EncoderConfig(**{"vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 4,
-                            "hidden_dropout": 0.0, "attention_dropout": 0.0, **kw})
+    return EncoderConfig(
+        **{
+            "vocab_size": 50,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 4,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            **kw,
+        }
+    )
 
 
 @pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True}])
@@ -48,8 +61,9 @@ def test_padding_does_not_change_real_tokens(kw):
     assert not torch.allclose(a, c, atol=1e-4)
 
 
-@pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True},
-                                {"add_pooler": False}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"pre_layer_norm": True}, {"embedding_size": 16, "share_layers": True}, {"add_pooler": False}]
+)
 @pytest.mark.parametrize("train", [False, True])
 def test_rows_give_the_full_forwards_rows_and_pooled_vector(kw, train):
     """``rows=`` computes the last layer only where a masked LM scores: same values, same gradients."""
@@ -147,8 +161,9 @@ def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     import pretrainlab.model.attention as encoder_module
 
     torch.manual_seed(0)
-    cfg = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
-                        attention_dropout=0.2)
+    cfg = EncoderConfig(
+        vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0, attention_dropout=0.2
+    )
     enc = Encoder(cfg)
     ids = torch.randint(5, 50, (3, 9))
     mask = torch.ones(3, 9)
@@ -158,7 +173,11 @@ def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     by_hand = enc.train()(ids, attention_mask=mask).hidden_states
     torch.testing.assert_close(by_hand, reference, atol=1e-5, rtol=1e-5)
     rows = torch.tensor([[3, 0], [0, 5], [8, 2]])  # the last layer at these rows only, queries included
-    torch.testing.assert_close(enc(ids, attention_mask=mask, rows=rows).hidden_states,
-                               reference.gather(1, rows[:, :, None].expand(-1, -1, 32)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        enc(ids, attention_mask=mask, rows=rows).hidden_states,
+        reference.gather(1, rows[:, :, None].expand(-1, -1, 32)),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     monkeypatch.undo()
     assert not torch.allclose(enc.train()(ids, attention_mask=mask).hidden_states, reference, atol=1e-3)

@@ -19,8 +19,16 @@ from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, SMALL, compose_config, compose_train
 
-EVAL = ["logger=csv", "trainer.enable_progress_bar=false", "blimp.source=synthetic", "blimp.synthetic.pairs=300",
-        "ner.source=synthetic", "ner.synthetic.scale=0.3", "glue.source=synthetic", "glue.synthetic.scale=0.2"]
+EVAL = [
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+    "blimp.source=synthetic",
+    "blimp.synthetic.pairs=300",
+    "ner.source=synthetic",
+    "ner.synthetic.scale=0.3",
+    "glue.source=synthetic",
+    "glue.synthetic.scale=0.2",
+]
 
 
 # --- zero-shot scores: the objective's own likelihood, batched, equals the plain computation ------------
@@ -40,8 +48,9 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
     encoder = Encoder(config).eval()
     objective = build_objective(compose_train(f"objective={name}"), config, tokens).eval()
     rng = np.random.default_rng(0)
-    sequences = [np.array([tokens.cls_id, *rng.integers(5, vocab, int(rng.integers(1, 12))), tokens.sep_id])
-                 for _ in range(60)]
+    sequences = [
+        np.array([tokens.cls_id, *rng.integers(5, vocab, int(rng.integers(1, 12))), tokens.sep_id]) for _ in range(60)
+    ]
     fast = objective.sentence_scores(encoder, sequences, max_tokens=100)
 
     @torch.no_grad()
@@ -53,8 +62,11 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
                 masked = ids.clone()
                 masked[0, p] = tokens.mask_id
                 hidden = encoder(masked).hidden_states[0, p]
-                logits = F.linear(objective.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight,
-                                  objective.mlm_head.bias)
+                logits = F.linear(
+                    objective.mlm_head.transform(hidden),
+                    encoder.embeddings.word_embeddings.weight,
+                    objective.mlm_head.bias,
+                )
                 total += float(torch.log_softmax(logits.double(), -1)[int(seq[p])])
             return total
         logits = objective.discriminator_head(encoder(ids).hidden_states)[0, 1:-1].double()
@@ -66,13 +78,23 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
 # --- named entities: chunks and F1 as conlleval counts them -----------------------------------------------
 def test_chunks_and_f1_follow_conlleval_on_hand_made_cases():
     # IOB1 (as released): an entity starts with I-; B- only after an entity of the same type
-    assert ner.chunks(["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC"]) == {("PER", 0, 1), ("LOC", 3, 3),
-                                                                              ("LOC", 4, 5)}
+    assert ner.chunks(["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC"]) == {
+        ("PER", 0, 1),
+        ("LOC", 3, 3),
+        ("LOC", 4, 5),
+    }
     # IOB2 (the hub's): the same spans
     assert ner.chunks(["B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-LOC"]) == ner.chunks(
-        ["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC"])
+        ["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC"]
+    )
     assert ner.to_iob2(["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC"]) == [
-        "B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-LOC"]
+        "B-PER",
+        "I-PER",
+        "O",
+        "B-LOC",
+        "B-LOC",
+        "I-LOC",
+    ]
     # a type change inside a run of I- tags starts a new chunk; an I- after O starts one (conlleval)
     assert ner.chunks(["I-PER", "I-ORG", "O", "I-MISC"]) == {("PER", 0, 0), ("ORG", 1, 1), ("MISC", 3, 3)}
     gold = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["B-ORG", "I-ORG", "I-ORG"]]
@@ -110,14 +132,17 @@ def test_entity_f1_agrees_with_seqeval_on_random_predictions(scheme):
         return tags
 
     gold = [sentence(rng.randint(1, 25)) for _ in range(300)]
-    pred = [[t if rng.random() < 0.8 else rng.choice(["O", "B-PER", "I-PER", "I-LOC", "B-ORG"]) for t in g]
-            for g in gold]
+    pred = [
+        [t if rng.random() < 0.8 else rng.choice(["O", "B-PER", "I-PER", "I-LOC", "B-ORG"]) for t in g] for g in gold
+    ]
     assert ner.scores(gold, pred)["f1"] == pytest.approx(f1_score(gold, pred), abs=1e-12)
 
 
 def test_conll_files_are_read_with_the_release_quirks(tmp_path):
-    train = ("-DOCSTART- -X- O O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\nGerman JJ I-NP I-MISC\n\n"
-             "Peter NNP I-NP I-PER\nBlackburn NNP I-NP I-PER\n\nthe DT O O\nAtlanta NNP O B-MISC\n\n")
+    train = (
+        "-DOCSTART- -X- O O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\nGerman JJ I-NP I-MISC\n\n"
+        "Peter NNP I-NP I-PER\nBlackburn NNP I-NP I-PER\n\nthe DT O O\nAtlanta NNP O B-MISC\n\n"
+    )
     dev = "-DOCSTART- -X- -X- O\n\nBRUSSELS NNP I-NP I-LOC\n1996-08-22 CD I-NP O\n\n\n"
     (tmp_path / "train.txt").write_text(train)
     (tmp_path / "dev.txt").write_text(dev)
@@ -141,8 +166,9 @@ def test_words_are_aligned_by_the_tokenizer_and_long_sentences_split_not_cut(tmp
 
     from pretrainlab.evaluation.tagging import assemble, encode_words, label_set
 
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ab", "##cd", "x", "##y",
-                                         "##z", "q"])}
+    vocab = {
+        t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ab", "##cd", "x", "##y", "##z", "q"])
+    }
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokens = SpecialTokens(len(vocab), 0, 1, 2, 3, 4, np.zeros(len(vocab), dtype=bool))
@@ -193,8 +219,12 @@ def encoders(tmp_path_factory) -> dict[str, Path]:
         mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
         for name, extra in (("roberta", []), ("electra", ["objective.mask_rate=0.3", "optim.lr=1.0e-3"])):
             out[name] = tmp_path_factory.mktemp(name) / "run"
-            run(compose_train(*SMALL, f"objective={name}", "max_steps=300", "val_every=300", "checkpoint_every=300",
-                              *extra), out[name])
+            run(
+                compose_train(
+                    *SMALL, f"objective={name}", "max_steps=300", "val_every=300", "checkpoint_every=300", *extra
+                ),
+                out[name],
+            )
     return out
 
 
@@ -216,7 +246,10 @@ def test_pretrained_encoders_beat_scratch_on_minimal_pairs(encoders, tmp_path):
         scratch = evaluate(run_dir, "blimp", tmp_path / f"{name}-scratch", "init=scratch")
         assert result["pairs"] == 1500 and set(result["breakdown"]["field"]) == {"morphology", "syntax", "semantics"}
         assert result["metrics"]["accuracy"] > 0.6 and abs(scratch["metrics"]["accuracy"] - 0.5) < 0.12, (
-            name, result["metrics"], scratch["metrics"])
+            name,
+            result["metrics"],
+            scratch["metrics"],
+        )
         d = item_difference({0: item_outcomes(result)}, {0: item_outcomes(scratch)})
         assert d.mean > 10 and d.p < 1e-6
         assert result["data"]["files"] and result["sentences_per_s"] > 0
@@ -226,8 +259,9 @@ def test_pretrained_encoders_beat_scratch_on_minimal_pairs(encoders, tmp_path):
 
 @pytest.mark.slow
 def test_ner_fine_tuning_learns_the_synthetic_entities(encoders, tmp_path):
-    result = evaluate(encoders["roberta"], "ner", tmp_path / "ner", "task.lr=1.0e-3", "task.epochs=4",
-                      "ner.synthetic.scale=0.5")
+    result = evaluate(
+        encoders["roberta"], "ner", tmp_path / "ner", "task.lr=1.0e-3", "task.epochs=4", "ner.synthetic.scale=0.5"
+    )
     assert result["metrics"]["f1"] > 0.8, result["history"]
     assert result["labels"] == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert result["eval_examples"] == {"validation": 200} and result["no_skill"] == {"f1": 0.0}
@@ -266,7 +300,9 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     cfg = compose_config("glue", f"pretrained={run_dir}", *EVAL, "blimp.source=local", f"blimp.data_dir={data}")
     results = run_suite(cfg, ["blimp", "probe_sst2"], [0, 1], None, {})
     assert [(r["task"], r["seed"]) for r in results] == [("blimp", 0), ("probe_sst2", 0), ("probe_sst2", 1)]
-    assert (run_dir / "eval" / "blimp" / "seed0.json").is_file() and not (run_dir / "eval" / "blimp" / "seed1.json").exists()
+    assert (run_dir / "eval" / "blimp" / "seed0.json").is_file() and not (
+        run_dir / "eval" / "blimp" / "seed1.json"
+    ).exists()
     table = collect([str(run_dir)])
     assert {r["task"] for r in table} == {"blimp", "probe_sst2"}
     rows = (data / "verb_object_order.jsonl").read_text().splitlines()
@@ -292,14 +328,17 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
     from pretrainlab.export.hf import export_hf
 
     settings = ["task.lr=1.0e-3", "task.epochs=4", "ner.synthetic.scale=0.5"]
-    ours = [evaluate(encoders["roberta"], "ner", tmp_path / f"ours{s}", *settings, f"seed={s}")["metrics"]["f1"]
-            for s in (0, 1)]
+    ours = [
+        evaluate(encoders["roberta"], "ner", tmp_path / f"ours{s}", *settings, f"seed={s}")["metrics"]["f1"]
+        for s in (0, 1)
+    ]
     splits, _ = ner.load("synthetic", None, os.environ["PRETRAINLAB_CACHE"], {"scale": 0.5})
     labels = label_set(splits["train"])
     label_ids = {t: i for i, t in enumerate(labels)}
     hf_dir = export_hf(encoders["roberta"], tmp_path / "hf")
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"),
-                                                     pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(hf_dir / "tokenizer.json"), pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
 
     def features(sentences):
         enc = tokenizer([w for w, _ in sentences], is_split_into_words=True, truncation=True, max_length=128)
@@ -315,7 +354,7 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
     def batches(items, size, gen=None):
         order = torch.randperm(len(items), generator=gen).tolist() if gen is not None else list(range(len(items)))
         for k in range(0, len(order), size):
-            chunk = [items[i] for i in order[k:k + size]]
+            chunk = [items[i] for i in order[k : k + size]]
             width = max(len(ids) for ids, _, _ in chunk)
             ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x, _, _ in chunk])
             lab = torch.tensor([y + [-100] * (width - len(y)) for _, y, _ in chunk])
@@ -325,8 +364,9 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
     theirs = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        model = transformers.BertForTokenClassification.from_pretrained(hf_dir, num_labels=len(labels),
-                                                                        local_files_only=True)  # the export
+        model = transformers.BertForTokenClassification.from_pretrained(
+            hf_dir, num_labels=len(labels), local_files_only=True
+        )  # the export
         epochs, batch = 4, 32
         steps = epochs * -(-len(train) // batch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)

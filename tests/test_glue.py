@@ -85,7 +85,7 @@ def test_synthetic_suite_is_deterministic_and_cached(tmp_path):
 
 
 def _padding(lengths: np.ndarray, order: list[int], batch_size: int) -> float:
-    batches = [lengths[order[i:i + batch_size]] for i in range(0, len(order), batch_size)]
+    batches = [lengths[order[i : i + batch_size]] for i in range(0, len(order), batch_size)]
     return 1 - lengths.sum() / sum(b.max() * len(b) for b in batches)
 
 
@@ -116,11 +116,11 @@ def test_length_grouped_batches_carry_little_padding_and_stay_random():
     assert _padding(lengths, random_order, 32) > 0.5  # random batches: mostly padding
     assert _padding(lengths, epochs[0], 32) < 2.0 * _padding(lengths, sorted_order, 32) + 0.05 < 0.25
     # the batches come in random order, not from short to long
-    batch_max = [lengths[epochs[0][i:i + 32]].max() for i in range(0, 5000, 32)]
+    batch_max = [lengths[epochs[0][i : i + 32]].max() for i in range(0, 5000, 32)]
     assert abs(np.corrcoef(np.arange(len(batch_max)), batch_max)[0, 1]) < 0.2
     # which examples share a batch changes between epochs
-    first = {frozenset(epochs[0][i:i + 32]) for i in range(0, 5000, 32)}
-    assert len(first & {frozenset(epochs[1][i:i + 32]) for i in range(0, 5000, 32)}) < 5
+    first = {frozenset(epochs[0][i : i + 32]) for i in range(0, 5000, 32)}
+    assert len(first & {frozenset(epochs[1][i : i + 32]) for i in range(0, 5000, 32)}) < 5
 
 
 def _content_words(split) -> set[str]:
@@ -148,8 +148,9 @@ def test_unseen_words_keep_dev_vocabulary_out_of_training(tmp_path):
 def test_reader_keeps_quotes_and_maps_labels(tmp_path):
     d = tmp_path / "RTE"
     d.mkdir()
-    (d / "train.tsv").write_text('index\tsentence1\tsentence2\tlabel\n0\tHe said "no.\tNo "quote\tentailment\n'
-                                 '1\ta\tb\tnot_entailment\n')
+    (d / "train.tsv").write_text(
+        'index\tsentence1\tsentence2\tlabel\n0\tHe said "no.\tNo "quote\tentailment\n1\ta\tb\tnot_entailment\n'
+    )
     split = read_tsv(get_task("rte"), d / "train.tsv")
     assert split.text_a == ['He said "no.', "a"] and split.text_b == ['No "quote', "b"]
     assert split.labels.tolist() == [0, 1]
@@ -211,10 +212,20 @@ def test_a_tab_inside_a_sentence_never_shifts_the_columns(tmp_path, caplog):
 
 
 def _result(label, model, pretrain_seed, encoder, task, seed, value, examples=277):
-    return {"task": task, "seed": seed, "label": label, "metrics": {"accuracy": value},
-            "pretrained": {"encoder_id": encoder, "model": model, "pretrain_seed": pretrain_seed,
-                           "run_dir": f"runs/{encoder}"},
-            "eval_examples": {"validation": examples}, "run_dir": f"runs/{encoder}/glue/{task}/seed{seed}"}
+    return {
+        "task": task,
+        "seed": seed,
+        "label": label,
+        "metrics": {"accuracy": value},
+        "pretrained": {
+            "encoder_id": encoder,
+            "model": model,
+            "pretrain_seed": pretrain_seed,
+            "run_dir": f"runs/{encoder}",
+        },
+        "eval_examples": {"validation": examples},
+        "run_dir": f"runs/{encoder}/glue/{task}/seed{seed}",
+    }
 
 
 def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregated():
@@ -228,8 +239,11 @@ def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregat
     assert one["cells"]["roberta (mini)"]["rte"]["score"][0] == pytest.approx(53.35)
 
     # two pretraining seeds of one kind share a row; both spreads are reported
-    seeds = [_result("bert", "tiny", p, f"b{p}", "rte", s, v)
-             for p, vs in [(0, [0.50, 0.52, 0.54]), (1, [0.60, 0.62, 0.64])] for s, v in enumerate(vs)]
+    seeds = [
+        _result("bert", "tiny", p, f"b{p}", "rte", s, v)
+        for p, vs in [(0, [0.50, 0.52, 0.54]), (1, [0.60, 0.62, 0.64])]
+        for s, v in enumerate(vs)
+    ]
     cell = aggregate(seeds)["cells"]["bert"]["rte"]
     assert cell["score"][0] == pytest.approx(57.0) and cell["encoders"] == 2
     assert cell["score"][1] == pytest.approx(2.0)  # within an encoder, over fine-tuning seeds
@@ -253,12 +267,21 @@ def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
         d = tmp_path / name / "glue" / "rte"
         d.mkdir(parents=True)
         (d / "seed0.json").write_text(json.dumps(_result("roberta", "tiny", 0, encoder, "rte", 0, value)))
-    cmd = [sys.executable, "experiments/compare.py", str(tmp_path / "a"), str(tmp_path / "b"), "--wandb", "disabled",
-           "--out", str(tmp_path / "cmp")]
+    cmd = [
+        sys.executable,
+        "experiments/compare.py",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--wandb",
+        "disabled",
+        "--out",
+        str(tmp_path / "cmp"),
+    ]
     refused = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode == 2 and "--label" in refused.stderr and not (tmp_path / "cmp").exists()
-    named = subprocess.run(cmd + ["--label", f"{tmp_path / 'b'}=roberta-long"], cwd=ROOT, capture_output=True,
-                           text=True)
+    named = subprocess.run(
+        cmd + ["--label", f"{tmp_path / 'b'}=roberta-long"], cwd=ROOT, capture_output=True, text=True
+    )
     assert named.returncode == 0, named.stderr
     assert "| roberta |" in named.stdout and "| roberta-long |" in named.stdout
 
@@ -269,13 +292,14 @@ def test_dev_batches_come_in_order_of_length_and_hold_every_example_once():
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 120, 300)  # CoLA-like: mostly short, some long
-    split = EncodedSplit([np.full(n, 7) for n in lengths], [np.zeros(n, np.int64) for n in lengths],
-                         np.zeros(300, np.int64), 0)
+    split = EncodedSplit(
+        [np.full(n, 7) for n in lengths], [np.zeros(n, np.int64) for n in lengths], np.zeros(300, np.int64), 0
+    )
     batches = list(eval_loader(split, 32, pad_id=0))
     seen = np.concatenate([b["index"].numpy() for b in batches])
     assert sorted(seen) == list(range(300))
     padded = sum(b["input_ids"].numel() for b in batches)
-    in_order = sum(-(-max(lengths[i:i + 32]) // 8) * 8 * len(lengths[i:i + 32]) for i in range(0, 300, 32))
+    in_order = sum(-(-max(lengths[i : i + 32]) // 8) * 8 * len(lengths[i : i + 32]) for i in range(0, 300, 32))
     assert padded < 0.7 * in_order  # far less padding than batches in file order
     assert all(torch.equal(b["input_ids"] != 0, b["attention_mask"]) for b in batches)
 
@@ -303,9 +327,16 @@ def test_encoding_pairs_segments_and_longest_first_truncation():
 
 
 # --- end to end: pretrain briefly, fine-tune pretrained and scratch, compare ----------------------
-FAST = ["glue.source=synthetic", "glue.synthetic.scale=0.25", "logger=csv", "trainer.enable_progress_bar=false",
-        "task_overrides.lr=3.0e-4", "task_overrides.epochs=2", "task_overrides.batch_size=32",
-        "task_overrides.max_seq_len=64"]
+FAST = [
+    "glue.source=synthetic",
+    "glue.synthetic.scale=0.25",
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+    "task_overrides.lr=3.0e-4",
+    "task_overrides.epochs=2",
+    "task_overrides.batch_size=32",
+    "task_overrides.max_seq_len=64",
+]
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +369,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     assert one["config"]["task"]["lr"] == 3.0e-4 and one["train_examples"] == 750
     scratch = json.loads(open(os.path.join(pretrained_run, "glue-scratch", "mnli", "seed1.json")).read())
     assert scratch["label"] == "scratch"
-    assert (open(os.path.join(out, "summary.md")).read().count("|") > 10)
+    assert open(os.path.join(out, "summary.md")).read().count("|") > 10
 
     # re-running the suite redoes nothing
     def fail(*a, **k):
@@ -356,8 +387,11 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     # nor results fine-tuned with other settings: another recipe, other data
     for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5", "glue.group_by_length=true"):
         other = compose_config("glue", f"pretrained={pretrained_run}", *FAST, change)
-        with pytest.raises(ValueError, match=r"other settings \((task.lr|glue.synthetic.unseen_words|"
-                                             r"glue.group_by_length): .* then"):
+        with pytest.raises(
+            ValueError,
+            match=r"other settings \((task.lr|glue.synthetic.unseen_words|"
+            r"glue.group_by_length): .* then",
+        ):
             suite.run_suite(other, tasks, seeds, out, dict(other.task_overrides))
     # results written before a setting existed count as made with its old behaviour
     path = os.path.join(out, "cola", "seed0.json")
@@ -374,8 +408,16 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     assert table["labels"] == ["roberta", "scratch"] and table["tasks"] == ["cola", "mrpc", "stsb", "mnli"]
     assert table["glue_tasks"] == tasks
     for label in table["labels"]:
-        runs = [json.loads(open(os.path.join(pretrained_run, "glue" if label != "scratch" else "glue-scratch",
-                                             "mrpc", f"seed{s}.json")).read()) for s in seeds]
+        runs = [
+            json.loads(
+                open(
+                    os.path.join(
+                        pretrained_run, "glue" if label != "scratch" else "glue-scratch", "mrpc", f"seed{s}.json"
+                    )
+                ).read()
+            )
+            for s in seeds
+        ]
         f1 = [100 * r["metrics"]["f1"] for r in runs]
         assert table["cells"][label]["mrpc"]["metrics"]["f1"] == pytest.approx((np.mean(f1), np.std(f1, ddof=1)))
     md = (tmp_path / "cmp" / "comparison.md").read_text()
@@ -411,9 +453,17 @@ def test_finetune_cli_and_compare_cli_offline(pretrained_run, tmp_path):
     from tests.conftest import ROOT, run_command
 
     env = {**os.environ, "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "finetune.py", f"pretrained={pretrained_run}", "task=rte", "glue.source=synthetic",
-           "glue.synthetic.scale=0.1", "task.epochs=1", "trainer.enable_progress_bar=false",
-           f"hydra.run.dir={tmp_path}/ft"]
+    cmd = [
+        sys.executable,
+        "finetune.py",
+        f"pretrained={pretrained_run}",
+        "task=rte",
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.1",
+        "task.epochs=1",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path}/ft",
+    ]
     done = run_command(cmd, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "ft" / "results.json").read_text())
@@ -465,8 +515,12 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
             out.append(r)
         return out
 
-    results = (at("roberta", 0.5, 1e12, [0.50, 0.52, 0.51]) + at("roberta", 1.0, 2e12, [0.60, 0.63, 0.61])
-               + at("electra", 0.5, 1.1e12, [0.55, 0.56, 0.58]) + at("electra", 1.0, 2.1e12, [0.66, 0.64, 0.65]))
+    results = (
+        at("roberta", 0.5, 1e12, [0.50, 0.52, 0.51])
+        + at("roberta", 1.0, 2e12, [0.60, 0.63, 0.61])
+        + at("electra", 0.5, 1.1e12, [0.55, 0.56, 0.58])
+        + at("electra", 1.0, 2.1e12, [0.66, 0.64, 0.65])
+    )
     table = write_report(results, tmp_path / "cmp", baseline="roberta")
     # the table holds the final encoders only: three seeds each, not six
     assert table["cells"]["roberta"]["rte"]["score"][0] == pytest.approx(100 * np.mean([0.60, 0.63, 0.61]))
@@ -486,5 +540,9 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
     assert tables, list(Path(run_dir).rglob("*"))
     logged = json.loads(tables[0].read_text())
     rows = [dict(zip(logged["columns"], r)) for r in logged["data"]]
-    assert sorted((r["encoder"], r["fraction"]) for r in rows) == [("electra", 0.5), ("electra", 1.0),
-                                                                 ("roberta", 0.5), ("roberta", 1.0)]
+    assert sorted((r["encoder"], r["fraction"]) for r in rows) == [
+        ("electra", 0.5),
+        ("electra", 1.0),
+        ("roberta", 0.5),
+        ("roberta", 1.0),
+    ]

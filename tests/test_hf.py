@@ -23,9 +23,9 @@ def batch(tokenizer, texts_a, texts_b=None):
     types = torch.zeros_like(ids)
     mask = torch.zeros_like(ids)
     for i, e in enumerate(enc):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids)
-        types[i, :len(e.ids)] = torch.tensor(e.type_ids)
-        mask[i, :len(e.ids)] = 1
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        types[i, : len(e.ids)] = torch.tensor(e.type_ids)
+        mask[i, : len(e.ids)] = 1
     return ids, types, mask
 
 
@@ -40,11 +40,17 @@ CASES = {  # objective -> model overrides -> the transformers class the export d
 @pytest.mark.parametrize("objective", list(CASES))
 def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path):
     overrides, head_class, base_class = CASES[objective]
-    run(compose_train(*SMALL, f"objective={objective}", "max_steps=4", "val_every=4", "checkpoint_every=4",
-                      *overrides), tmp_path / "run")
+    run(
+        compose_train(*SMALL, f"objective={objective}", "max_steps=4", "val_every=4", "checkpoint_every=4", *overrides),
+        tmp_path / "run",
+    )
     out = tmp_path / "hf"
-    subprocess.run([sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(out), "--format", "hf"],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(out), "--format", "hf"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [head_class]
 
@@ -56,20 +62,24 @@ def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path
     assert pair.ids[0] == cls and pair.ids[-1] == sep and pair.ids.count(sep) == 2
     assert pair.type_ids[0] == 0 and pair.type_ids[-1] == 1
     assert native_tokenizer.encode("Then.", add_special_tokens=False).ids == [
-        i for i in native_tokenizer.encode("Then.").ids if i not in (cls, sep)]
+        i for i in native_tokenizer.encode("Then.").ids if i not in (cls, sep)
+    ]
     hf = transformers.AutoModel.from_pretrained(out, local_files_only=True).eval()
     assert isinstance(hf, getattr(transformers, base_class))
     tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
-    enc = tok(["The kolam sees a drum.", "Once a tin ka dak ta some vir ki near the fuskai ka."],
-              ["Later the vir ki sees it.", "Then."], padding=True, return_tensors="pt")
+    enc = tok(
+        ["The kolam sees a drum.", "Once a tin ka dak ta some vir ki near the fuskai ka."],
+        ["Later the vir ki sees it.", "Then."],
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         theirs = hf(**enc).last_hidden_state
         ours = encoder(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"]).hidden_states
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=1e-4)
     # the pretraining head came along: transformers loads it with nothing missing
-    full, info = getattr(transformers, head_class).from_pretrained(out, output_loading_info=True,
-                                                                  local_files_only=True)
+    full, info = getattr(transformers, head_class).from_pretrained(out, output_loading_info=True, local_files_only=True)
     assert not [k for k in info["missing_keys"] if "position_ids" not in k], info["missing_keys"]
 
 
@@ -106,9 +116,17 @@ def test_a_real_bert_checkpoint_fine_tunes_through_the_glue_pipeline(tmp_path):
     from pretrainlab.finetuning.run import run as finetune
     from tests.conftest import compose_config
 
-    cfg = compose_config("finetune", f"pretrained=hf:{minilm_dir()}", "task=rte", "glue.source=synthetic",
-                         "glue.synthetic.scale=0.05", "task.epochs=1", "task.max_seq_len=64", "logger=csv",
-                         "trainer.enable_progress_bar=false")
+    cfg = compose_config(
+        "finetune",
+        f"pretrained=hf:{minilm_dir()}",
+        "task=rte",
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.05",
+        "task.epochs=1",
+        "task.max_seq_len=64",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+    )
     result = finetune(cfg, tmp_path)
     assert result["label"] == "hf:MiniLM-L6-H384-uncased" and result["pretrained"]["format"] == "hf"
     assert 0 <= result["metrics"]["accuracy"] <= 1
@@ -123,8 +141,11 @@ def test_core_package_does_not_import_transformers():
 
     for path in (ROOT / "src" / "pretrainlab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             assert not any(n.split(".")[0] == "transformers" for n in names), path
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("transformers") for d in project["dependencies"])

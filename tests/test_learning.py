@@ -15,9 +15,19 @@ pytestmark = pytest.mark.slow
 # On the CPU, where a run is reproducible bit for bit: whether an objective learns does not depend on
 # the device, but where a head leaves its plateau does (ELECTRA's discriminator, near 1,000 steps,
 # moves with a GPU's kernels and their accumulation order).
-LEARN = ["model=tiny", "max_seq_len=64", "batch_size=32", "logger=csv", "num_workers=0", "optim.lr=2.0e-3",
-         "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=8",
-         "export=false", "trainer.accelerator=cpu"]
+LEARN = [
+    "model=tiny",
+    "max_seq_len=64",
+    "batch_size=32",
+    "logger=csv",
+    "num_workers=0",
+    "optim.lr=2.0e-3",
+    "trainer.enable_progress_bar=false",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.limit_val_batches=8",
+    "export=false",
+    "trainer.accelerator=cpu",
+]
 
 
 def unigram_baseline() -> float:
@@ -34,8 +44,9 @@ def unigram_baseline() -> float:
 
 
 def train(tmp_path, objective: str, steps: int, *extra: str) -> dict:
-    result = run(compose_train(*LEARN, f"objective={objective}", f"max_steps={steps}", f"val_every={steps}", *extra),
-                 tmp_path)
+    result = run(
+        compose_train(*LEARN, f"objective={objective}", f"max_steps={steps}", f"val_every={steps}", *extra), tmp_path
+    )
     print(objective, {k: round(v, 3) for k, v in result.items() if k.startswith("val/")})
     return result
 

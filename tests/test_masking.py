@@ -8,8 +8,9 @@ from pretrainlab.tokens import SpecialTokens
 from tests.conftest import scored
 
 V = 1000
-TOKENS = SpecialTokens(vocab_size=V, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
-                       is_continuation=np.zeros(V, dtype=bool))
+TOKENS = SpecialTokens(
+    vocab_size=V, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, is_continuation=np.zeros(V, dtype=bool)
+)
 
 
 def examples(n=400, seed=0):
@@ -27,12 +28,12 @@ def test_masking_statistics_over_many_tokens():
     g = torch.Generator().manual_seed(1234)
     n_eligible = n_selected = n_mask = n_random = n_same = 0
     for start in range(0, 400, 50):
-        batch_examples = examples()[start:start + 50]
+        batch_examples = examples()[start : start + 50]
         batch = coll(batch_examples, g)
         original = torch.full_like(batch["input_ids"], 0)
         for i, e in enumerate(batch_examples):
-            original[i, :len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
-        special = (original <= 4)
+            original[i, : len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
+        special = original <= 4
         pos, labels = scored(batch)
         flat_orig, flat_new = original.flatten(), batch["input_ids"].flatten()
         assert not special.flatten()[pos].any(), "a special or padding token was selected"

@@ -39,8 +39,8 @@ def segments(example):
     ids, types = example["input_ids"], example["token_type_ids"]
     assert ids[0] == CLS and ids[-1] == SEP
     sep = np.flatnonzero(ids == SEP)
-    assert len(sep) == 2 and types[:sep[0] + 1].max() == 0 and types[sep[0] + 1:].min() == 1
-    return ids[1:sep[0]], ids[sep[0] + 1:-1]
+    assert len(sep) == 2 and types[: sep[0] + 1].max() == 0 and types[sep[0] + 1 :].min() == 1
+    return ids[1 : sep[0]], ids[sep[0] + 1 : -1]
 
 
 @pytest.mark.parametrize("task", ["nsp", "sop"])
@@ -121,14 +121,16 @@ def test_ngram_masking_never_splits_words_and_respects_the_budget():
     continuation[500:] = True
     tokens = SpecialTokens(vocab, 0, 1, CLS, SEP, 4, continuation)
     coll = NgramMaskingCollator(tokens, MaskingConfig(), max_ngram=3)
-    examples = [{"input_ids": np.array(words_row(rng, int(rng.integers(10, 60)))[0], dtype=np.int32)} for _ in range(400)]
+    examples = [
+        {"input_ids": np.array(words_row(rng, int(rng.integers(10, 60)))[0], dtype=np.int32)} for _ in range(400)
+    ]
     g = torch.Generator().manual_seed(0)
     selected_total = eligible_total = 0
     for i in range(0, 400, 50):
-        batch = coll(examples[i:i + 50], g)
+        batch = coll(examples[i : i + 50], g)
         ids = torch.zeros_like(batch["input_ids"])
-        for r, e in enumerate(examples[i:i + 50]):
-            ids[r, :len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
+        for r, e in enumerate(examples[i : i + 50]):
+            ids[r, : len(e["input_ids"])] = torch.from_numpy(e["input_ids"].astype(np.int64))
         selected = torch.zeros(ids.numel(), dtype=torch.bool)
         selected[scored(batch)[0]] = True
         selected = selected.view_as(ids)
@@ -165,7 +167,9 @@ def electra_setup(vocab=200):
 def test_electra_labels_are_exact_and_the_generator_shares_the_embeddings():
     tokens, cfg, obj, enc = electra_setup()
     rng = np.random.default_rng(0)
-    examples = [{"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 40), [SEP]]).astype(np.int32)} for _ in range(64)]
+    examples = [
+        {"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 40), [SEP]]).astype(np.int32)} for _ in range(64)
+    ]
     batch = obj.collator()(examples, torch.Generator().manual_seed(0))
     captured = {}
     real_disc = obj.discriminator_head.forward
@@ -186,6 +190,7 @@ def test_electra_labels_are_exact_and_the_generator_shares_the_embeddings():
     out = obj(enc, batch)
     disc_ids = captured_ids["ids"].flatten()
     from pretrainlab.objectives.base import pad_examples
+
     original = pad_examples(examples, tokens.pad_id)["input_ids"].flatten()
     replaced = disc_ids != original
     # only masked positions may change, and a position is labelled replaced iff its token differs
@@ -205,7 +210,9 @@ def test_electra_labels_are_exact_and_the_generator_shares_the_embeddings():
 def test_electra_masking_is_85_percent_mask_15_percent_unchanged():
     tokens, cfg, obj, enc = electra_setup()
     rng = np.random.default_rng(0)
-    examples = [{"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 120), [SEP]]).astype(np.int32)} for _ in range(100)]
+    examples = [
+        {"input_ids": np.concatenate([[CLS], rng.integers(5, 200, 120), [SEP]]).astype(np.int32)} for _ in range(100)
+    ]
     batch = obj.collator()(examples, torch.Generator().manual_seed(0))
     positions, labels = scored(batch)
     at = batch["input_ids"].flatten()[positions]

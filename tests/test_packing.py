@@ -33,6 +33,6 @@ def test_packing_keeps_every_token_once_and_marks_boundaries(max_len):
 def test_whole_sentences_are_not_split_unless_longer_than_a_block():
     docs = [[np.arange(5, 15, dtype=np.int32), np.arange(20, 26, dtype=np.int32)], [np.arange(30, 70, dtype=np.int32)]]
     blocks = [b["input_ids"].tolist() for b in PackedBlocks(16, CLS, SEP)(docs)]
-    assert blocks[0] == [CLS, *range(5, 15), SEP]                  # 10 + 6 > 14: the second sentence moves on
-    assert blocks[1][:8] == [CLS, *range(20, 26), SEP]              # then the document boundary
+    assert blocks[0] == [CLS, *range(5, 15), SEP]  # 10 + 6 > 14: the second sentence moves on
+    assert blocks[1][:8] == [CLS, *range(20, 26), SEP]  # then the document boundary
     assert sum(len(b) - 2 for b in blocks) == 10 + 6 + 40 + blocks[1].count(SEP) - 1

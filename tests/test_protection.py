@@ -151,16 +151,23 @@ def _unsafe_loads(path: Path) -> list[int]:
     command, to run on a file they trust, is not a call)."""
     import ast
 
-    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
-            for k in node.keywords if k.arg == "weights_only" and isinstance(k.value, ast.Constant)
-            and k.value.value is False]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        for k in node.keywords
+        if k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is False
+    ]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", r"is empty \(0 bytes\)"),
-    (b"this is not a checkpoint\n" * 10, "is not a PyTorch checkpoint"),
-    (None, "is truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", r"is empty \(0 bytes\)"),
+        (b"this is not a checkpoint\n" * 10, "is not a PyTorch checkpoint"),
+        (None, "is truncated or corrupt"),
+    ],
+)
 def test_a_damaged_checkpoint_is_named_with_its_problem(trained, tmp_path, content, message):
     copy = tmp_path / "run"
     shutil.copytree(trained, copy)
@@ -190,8 +197,12 @@ def test_a_damaged_tokenizer_file_is_named(trained, tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"version": "1.0", "truncation": nul')
     with pytest.raises(ValueError, match=f"{bad} is not a tokenizers tokenizer.json"):
-        run(compose_train(*[o for o in QUICK if not o.startswith("tokenizer.")], "tokenizer=pretrained",
-                          f"tokenizer.path={bad}"), tmp_path / "run")
+        run(
+            compose_train(
+                *[o for o in QUICK if not o.startswith("tokenizer.")], "tokenizer=pretrained", f"tokenizer.path={bad}"
+            ),
+            tmp_path / "run",
+        )
     copy = tmp_path / "export"
     shutil.copytree(trained / "encoder", copy)
     (copy / "tokenizer.json").write_bytes(b"")
@@ -210,8 +221,13 @@ def test_a_second_run_into_an_occupied_directory_is_refused_unless_it_resumes_or
     assert listing(copy) == before
 
     # the command line refuses before Hydra writes its .hydra/ files into the directory
-    cli = subprocess.run([sys.executable, "train.py", *QUICK, "seed=3", f"hydra.run.dir={copy}"], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    cli = subprocess.run(
+        [sys.executable, "train.py", *QUICK, "seed=3", f"hydra.run.dir={copy}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     assert cli.returncode != 0 and "already holds a run" in cli.stderr
     assert listing(copy) == before
 
@@ -246,22 +262,34 @@ def test_outputs_follow_the_umask(tmp_path, monkeypatch):
     previous = os.umask(0o002)
     try:
         run(compose_train(*QUICK), tmp_path / "run")
-        cfg = compose_config("glue", f"pretrained={tmp_path / 'run'}", "glue.source=synthetic",
-                             "glue.synthetic.scale=0.05", "logger=csv", "trainer.enable_progress_bar=false",
-                             "task_overrides.epochs=1", "task_overrides.max_seq_len=64")
+        cfg = compose_config(
+            "glue",
+            f"pretrained={tmp_path / 'run'}",
+            "glue.source=synthetic",
+            "glue.synthetic.scale=0.05",
+            "logger=csv",
+            "trainer.enable_progress_bar=false",
+            "task_overrides.epochs=1",
+            "task_overrides.max_seq_len=64",
+        )
         run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
         write_report(collect([str(tmp_path / "run")]), tmp_path / "report")
-        subprocess.run([sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(tmp_path / "hf")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(tmp_path / "hf")],
+            check=True,
+            capture_output=True,
+        )
     finally:
         os.umask(previous)
     mine = [tmp_path / "run", cache, tmp_path / "report", tmp_path / "hf"]
     paths = [p for root in mine for p in [root, *root.rglob("*")] if not p.is_symlink()]
     assert any(p.name == "tokenizer.json" and cache in p.parents for p in paths)
     assert any(p.name == "results.json" or p.name == "seed0.json" for p in paths)
-    wrong = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths
-             if stat.S_IMODE(p.stat().st_mode) & 0o060 != 0o060 and not p.name.endswith(".lock")
-             and "wandb" not in p.parts}
+    wrong = {
+        str(p): oct(stat.S_IMODE(p.stat().st_mode))
+        for p in paths
+        if stat.S_IMODE(p.stat().st_mode) & 0o060 != 0o060 and not p.name.endswith(".lock") and "wandb" not in p.parts
+    }
     assert not wrong, wrong
 
 
@@ -294,8 +322,13 @@ def test_a_checkpoint_that_cannot_be_written_is_named_with_the_reason(tmp_path):
         "resource.setrlimit(resource.RLIMIT_FSIZE, (3_000_000, 3_000_000))\n"
         f"run(compose_train(*{QUICK!r}, 'max_steps=4', 'checkpoint_every=2'), {str(tmp_path / 'run')!r})\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "WANDB_MODE": "disabled"})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert f"could not write {tmp_path / 'run' / 'checkpoints'}/step=2.ckpt" in last, out.stderr[-2000:]
@@ -323,7 +356,9 @@ def test_a_pickled_hf_checkpoint_is_refused_with_how_to_convert_it(trained, tmp_
     assert "add_safe_globals" not in message and "convert it once to safetensors" in message
     command = message.split("\n  ", 1)[1]
     assert command.startswith("python -c ")
-    subprocess.run(f"{sys.executable}{command[len('python'):]}", shell=True, check=True, cwd=tmp_path)  # as printed
+    subprocess.run(f"{sys.executable}{command[len('python') :]}", shell=True, check=True, cwd=tmp_path)  # as printed
     encoder = load_pretrained(f"hf:{hf}").encoder
-    assert torch.equal(encoder.state_dict()["embeddings.word_embeddings.weight"],
-                       load_encoder(trained)[0].state_dict()["embeddings.word_embeddings.weight"])
+    assert torch.equal(
+        encoder.state_dict()["embeddings.word_embeddings.weight"],
+        load_encoder(trained)[0].state_dict()["embeddings.word_embeddings.weight"],
+    )

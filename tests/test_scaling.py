@@ -21,8 +21,14 @@ from pretrainlab.runtime.devices import batch_split
 from tests.conftest import ROOT, SMALL, compose_train
 
 # short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
-RESUME = [*SMALL, "data.num_documents=120", "trainer.log_every_n_steps=1", "val_every=1000", "checkpoint_every=10",
-          "export=false"]
+RESUME = [
+    *SMALL,
+    "data.num_documents=120",
+    "trainer.log_every_n_steps=1",
+    "val_every=1000",
+    "checkpoint_every=10",
+    "export=false",
+]
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -74,8 +80,9 @@ def test_every_step_sees_the_same_examples_whatever_the_devices(world, accumulat
             per_rank.append(keys)
         seen = []
         for step, expected in enumerate(steps):
-            got = [i for keys in per_rank for k in keys[step * accumulate:(step + 1) * accumulate]
-                   for i in k.example_ids]
+            got = [
+                i for keys in per_rank for k in keys[step * accumulate : (step + 1) * accumulate] for i in k.example_ids
+            ]
             assert len(got) == len(set(got)) == global_batch and set(got) == expected
             seen += got
         # across the epoch: nothing duplicated, nothing dropped beyond drop_last's remainder
@@ -116,8 +123,10 @@ def test_streaming_ranks_read_disjoint_documents(tmp_path):
         data = PretrainData(corpus, TokenizerSpec(vocab_size=200), tmp_path / "cache")
         kw = dict(builder=None, collator=None, batch_size=4, seed=0, val_documents=10)
         val = [d[0][:3].tolist() for d in StreamingBatches(data, split="val", **kw)._documents()]
-        ranks = [[d[0][:3].tolist() for d in StreamingBatches(data, split="train", rank=r, world_size=2,
-                                                               **kw)._documents()] for r in range(2)]
+        ranks = [
+            [d[0][:3].tolist() for d in StreamingBatches(data, split="train", rank=r, world_size=2, **kw)._documents()]
+            for r in range(2)
+        ]
         as_set = [{tuple(x) for x in r} for r in ranks]
         assert len(val) == 10 and as_set[0].isdisjoint(as_set[1])
         assert len(ranks[0]) + len(ranks[1]) == 90 and not (as_set[0] | as_set[1]) & {tuple(v) for v in val}
@@ -167,14 +176,16 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     assert seeds["global_step"] == 5 and not same_loss(losses(tmp_path / "seed1")[1], reference[1])  # other masks
 
 
-def _start(run_dir: Path, *overrides: str, group: bool = False, env: dict | None = None,
-           stderr=subprocess.PIPE) -> subprocess.Popen:
+def _start(
+    run_dir: Path, *overrides: str, group: bool = False, env: dict | None = None, stderr=subprocess.PIPE
+) -> subprocess.Popen:
     """``python train.py`` in the background; ``group``: in a process group of its own, as a job
     under SLURM or a command in a terminal (a signal to the group reaches its DataLoader workers)."""
     cmd = [sys.executable, "train.py", *RESUME, *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "WANDB_MODE": "disabled", **(env or {})}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-                            start_new_session=group)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=group
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -223,8 +234,9 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
         assert same_loss(resumed[s], reference[s]), (s, resumed[s], reference[s])
 
 
-def test_a_run_stopped_before_its_first_periodic_checkpoint_ends_with_its_final_state_in_last_ckpt(tmp_path,
-                                                                                                monkeypatch):
+def test_a_run_stopped_before_its_first_periodic_checkpoint_ends_with_its_final_state_in_last_ckpt(
+    tmp_path, monkeypatch
+):
     """The signal's last.ckpt is replaced at the end of the resumed run, not left beside a
     last-v1.ckpt for a later ckpt_path=last to go back to."""
     from pretrainlab.pretraining.module import PretrainModule
@@ -360,8 +372,7 @@ def test_sigterm_to_the_whole_process_group_saves_the_current_step(tmp_path, ddp
     assert "killed by signal" not in log
     last = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 20 <= last < 40
-    _resumes_exactly(tmp_path / "killed", ddp_reference if ddp else reference_losses, last,
-                     *(DDP if ddp else []))
+    _resumes_exactly(tmp_path / "killed", ddp_reference if ddp else reference_losses, last, *(DDP if ddp else []))
 
 
 def test_ctrl_c_saves_the_current_step_marks_the_wandb_run_and_says_how_to_resume(tmp_path, reference_losses):
@@ -369,8 +380,15 @@ def test_ctrl_c_saves_the_current_step_marks_the_wandb_run_and_says_how_to_resum
 
     run_dir = tmp_path / "run"
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = _start(run_dir, "num_workers=1", "max_steps=40", "logger=wandb", group=True, stderr=err,
-                      env={"WANDB_MODE": "offline"})
+        proc = _start(
+            run_dir,
+            "num_workers=1",
+            "max_steps=40",
+            "logger=wandb",
+            group=True,
+            stderr=err,
+            env={"WANDB_MODE": "offline"},
+        )
         _wait_for(run_dir / "checkpoints" / "step=20.ckpt", proc)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
         code = proc.wait(timeout=300)
@@ -380,8 +398,11 @@ def test_ctrl_c_saves_the_current_step_marks_the_wandb_run_and_says_how_to_resum
     assert 20 <= last < 40
     assert f"hydra.run.dir={run_dir} ckpt_path=last" in log and f"saved at step {last}" in log
     offline = next((run_dir / "wandb").glob("offline-run-*"))
-    inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
-                               capture_output=True, text=True)
+    inspected = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],
+        capture_output=True,
+        text=True,
+    )
     state = json.loads(inspected.stdout)
     assert state["exit_code"] == 130 and state["state"] != "finished", state
     assert "interrupted" in state["tags"] and state["summary"]["stopped"] == "interrupted"
@@ -436,8 +457,18 @@ def test_bf16_mixed_runs_on_cpu(tmp_path):
 
 
 def test_multirun_with_ddp_is_refused_with_the_supported_alternatives(tmp_path):
-    cmd = [sys.executable, "train.py", "-m", *RESUME, "max_steps=2", "trainer=ddp", "trainer.accelerator=cpu",
-           "trainer.devices=2", "seed=0,1", f"hydra.sweep.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        *RESUME,
+        "max_steps=2",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "seed=0,1",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
     assert out.returncode != 0
     assert "trainer.strategy=ddp_spawn" in out.stderr and "W&B agent" in out.stderr
@@ -459,8 +490,10 @@ def test_roberta_and_electra_stop_at_equal_flops_within_one_step(tmp_path):
     budget = 8.0e10
     final = {}
     for objective in ("roberta", "electra"):
-        run(compose_train(*RESUME, f"objective={objective}", f"budget.flops={budget}", "max_steps=3"),
-            tmp_path / objective)
+        run(
+            compose_train(*RESUME, f"objective={objective}", f"budget.flops={budget}", "max_steps=3"),
+            tmp_path / objective,
+        )
         ckpt = torch.load(tmp_path / objective / "checkpoints" / "last.ckpt", weights_only=False)
         tokens = ckpt["state_dict"]["tokens_seen"].item()
         rows = [r for f in (tmp_path / objective).glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]

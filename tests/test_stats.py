@@ -52,8 +52,11 @@ def test_summary_reports_both_spreads_median_and_a_conditional_interval_for_one_
     # two encoder means 52 and 62: t(0.975, 1) = 12.706, se = 5
     assert s.ci == pytest.approx((57 - 12.7062 * 5, 57 + 12.7062 * 5), rel=1e-4)
     one = stats.summarize({0: [50.0, 52.0, 54.0]})
-    assert one.conditional and one.sd_pt is None and one.ci == pytest.approx((52 - 4.3027 * 2 / 3 ** 0.5,
-                                                                                52 + 4.3027 * 2 / 3 ** 0.5), rel=1e-4)
+    assert (
+        one.conditional
+        and one.sd_pt is None
+        and one.ci == pytest.approx((52 - 4.3027 * 2 / 3**0.5, 52 + 4.3027 * 2 / 3**0.5), rel=1e-4)
+    )
     assert stats.summarize({0: [50.0]}).ci is None
     with pytest.raises(ValueError, match="interval method"):
         stats.summarize(row, method="jackknife")
@@ -67,7 +70,9 @@ def rates(delta: float, encoders: int, seeds: int, trials: int, seed: int = 0) -
     flagged = low_p = 0
     offsets = np.zeros(1) if encoders == 1 else None
     for _ in range(trials):
-        d = stats.difference(draw(rng, encoders, seeds, MU + delta, offsets), draw(rng, encoders, seeds, offsets=offsets))
+        d = stats.difference(
+            draw(rng, encoders, seeds, MU + delta, offsets), draw(rng, encoders, seeds, offsets=offsets)
+        )
         flagged += d.significant
         low_p += d.p < 0.05
     return flagged / trials, low_p / trials
@@ -118,7 +123,7 @@ def test_pairing_by_pretraining_seed_and_the_unpaired_fallback():
 def test_seeds_needed_delivers_the_promised_power():
     sd, delta = SD_FT, 4.0
     n = stats.seeds_needed(sd, delta)
-    assert n == int(np.ceil(2 * (1.959964 + 0.841621) ** 2 * sd ** 2 / delta ** 2))
+    assert n == int(np.ceil(2 * (1.959964 + 0.841621) ** 2 * sd**2 / delta**2))
     rng = np.random.default_rng(5)
     found = 0
     trials = 1000

@@ -15,14 +15,28 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     from pretrainlab.studies.ablation import run_study
 
     pretrain = [*SMALL, "data.num_documents=200", "budget.flops=1.5e11", "checkpoint_every=1000", "val_every=1000"]
-    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.1", "task_overrides.epochs=1",
-            "task_overrides.lr=3.0e-4", "task_overrides.max_seq_len=64", "logger=csv",
-            "trainer.enable_progress_bar=false"]
+    glue = [
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.1",
+        "task_overrides.epochs=1",
+        "task_overrides.lr=3.0e-4",
+        "task_overrides.max_seq_len=64",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+    ]
     quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
-    overrides = ["study=small", f"output_root={tmp_path}", "objectives=[roberta,electra]", "seeds=[0,1]",
-                 f"pretrain={quoted(pretrain)}", "glue.tasks=[rte,cola]", "glue.seeds=[0]", "snapshots=[0.5]",
-                 "baseline=roberta",
-                 f"glue.overrides={quoted(glue)}"]
+    overrides = [
+        "study=small",
+        f"output_root={tmp_path}",
+        "objectives=[roberta,electra]",
+        "seeds=[0,1]",
+        f"pretrain={quoted(pretrain)}",
+        "glue.tasks=[rte,cola]",
+        "glue.seeds=[0]",
+        "snapshots=[0.5]",
+        "baseline=roberta",
+        f"glue.overrides={quoted(glue)}",
+    ]
     table = run_study(compose_config("ablate", *overrides))
 
     root = tmp_path / "small"
@@ -48,7 +62,9 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert glue["encoders"] == 2 and glue["sd_pt"] is not None
     assert glue["ci"] is None if glue["sd_pt"] == 0 else glue["ci"][0] <= glue["mean"] <= glue["ci"][1]
     diff = table["differences"]["electra"]["glue"]
-    assert diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and (diff["p"] is None or 0 <= diff["p"] <= 1)
+    assert (
+        diff["test"] == "paired t over encoders" and diff["pairs"] == 2 and (diff["p"] is None or 0 <= diff["p"] <= 1)
+    )
     assert diff["mean"] == pytest.approx(table["glue"]["electra"]["score"][0] - table["glue"]["roberta"]["score"][0])
     assert "Difference against roberta" in (root / "report" / "comparison.md").read_text()
     # at this budget ELECTRA's discriminators find no replacement: those runs are named before the table,
@@ -56,8 +72,12 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     learned = json.loads((root / "report" / "learning.json").read_text())
     assert sorted(learned) == ["electra-s0", "electra-s1", "roberta-s0", "roberta-s1"] == sorted(table["learning"])
     status = {(run, c["head"]): c["status"] for run, row in learned.items() for c in row["checks"]}
-    assert status[("electra-s0", "replaced-token detection")] == status[("electra-s1", "replaced-token detection")] \
-        == "at baseline" != status[("roberta-s0", "MLM at [MASK]")]
+    assert (
+        status[("electra-s0", "replaced-token detection")]
+        == status[("electra-s1", "replaced-token detection")]
+        == "at baseline"
+        != status[("roberta-s0", "MLM at [MASK]")]
+    )
     md = (root / "report" / "comparison.md").read_text()
     assert md.startswith("**Not yet learned: 2 of 4 pretraining runs") and "- electra-s1: replaced-token" in md
     assert "| roberta-s1 | MLM at [MASK] |" in (root / "report" / "learning.md").read_text()
@@ -72,11 +92,16 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     # both pretraining seeds of each objective are in its row: the spread over them is reported
     for objective in ("roberta", "electra"):
         assert sorted(e["pretrain_seed"] for e in table["encoders"][objective]) == [0, 1]
-        scores = [100 * json.loads((root / "pretrain" / f"{objective}-s{s}" / "glue" / "rte" / "seed0.json")
-                                   .read_text())["metrics"]["accuracy"] for s in (0, 1)]
+        scores = [
+            100
+            * json.loads((root / "pretrain" / f"{objective}-s{s}" / "glue" / "rte" / "seed0.json").read_text())[
+                "metrics"
+            ]["accuracy"]
+            for s in (0, 1)
+        ]
         cell = table["cells"][objective]["rte"]
         assert cell["score"][0] == pytest.approx(sum(scores) / 2) and cell["encoders"] == 2
-        assert cell["pretrain_sd"]["score"] == pytest.approx(abs(scores[0] - scores[1]) / 2 ** 0.5)
+        assert cell["pretrain_sd"]["score"] == pytest.approx(abs(scores[0] - scores[1]) / 2**0.5)
 
     def fail(*a, **k):
         raise AssertionError("finished work was redone")
@@ -98,8 +123,9 @@ def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     entity types of words the probe never saw."""
     from pretrainlab.studies.ablation import run_study
 
-    table = run_study(compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]",
-                                     "intrinsic=false"))
+    table = run_study(
+        compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", "intrinsic=false")
+    )
     tasks = table["tasks"]
     assert tasks == ["cola", "sst2", "mrpc", "blimp", "probe_ner", "probe_sst2"]
     diffs = {task: table["differences"]["roberta"][task] for task in tasks}
@@ -127,14 +153,35 @@ def test_a_study_reports_every_evaluation_with_intervals_and_tests(tmp_path):
     from pretrainlab.studies.ablation import run_study
 
     pretrain = [*SMALL, "max_steps=200", "val_every=200", "checkpoint_every=200"]
-    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.2", "blimp.source=synthetic", "blimp.synthetic.pairs=200",
-            "ner.source=synthetic", "ner.synthetic.scale=0.3", "task_overrides.epochs=2", "task_overrides.lr=1.0e-3",
-            "logger=csv", "trainer.enable_progress_bar=false"]
+    glue = [
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.2",
+        "blimp.source=synthetic",
+        "blimp.synthetic.pairs=200",
+        "ner.source=synthetic",
+        "ner.synthetic.scale=0.3",
+        "task_overrides.epochs=2",
+        "task_overrides.lr=1.0e-3",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+    ]
     quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
-    table = run_study(compose_config(
-        "ablate", "study=evals", f"output_root={tmp_path}", "objectives=[roberta]", "seeds=[0]", "intrinsic=false",
-        "evals=[glue,ner,blimp,probes]", "glue.tasks=[sst2]", "glue.seeds=[0,1]", "baseline=scratch",
-        f"pretrain={quoted(pretrain)}", f"glue.overrides={quoted(glue)}"))
+    table = run_study(
+        compose_config(
+            "ablate",
+            "study=evals",
+            f"output_root={tmp_path}",
+            "objectives=[roberta]",
+            "seeds=[0]",
+            "intrinsic=false",
+            "evals=[glue,ner,blimp,probes]",
+            "glue.tasks=[sst2]",
+            "glue.seeds=[0,1]",
+            "baseline=scratch",
+            f"pretrain={quoted(pretrain)}",
+            f"glue.overrides={quoted(glue)}",
+        )
+    )
     report = tmp_path / "evals" / "report"
     assert table["tasks"] == ["sst2", "ner", "blimp", "probe_ner", "probe_sst2"]
     assert table["labels"] == ["roberta", "scratch"]
@@ -145,7 +192,11 @@ def test_a_study_reports_every_evaluation_with_intervals_and_tests(tmp_path):
     blimp = table["cells"]["roberta"]["blimp"]["summary"]
     assert blimp["ci"][0] < blimp["mean"] < blimp["ci"][1] and blimp["ci"][1] - blimp["ci"][0] < 10
     diff = table["differences"]["roberta"]
-    assert diff["blimp"]["test"] == "McNemar (exact) over items" and diff["blimp"]["mean"] > 10 and diff["blimp"]["p"] < 1e-3
+    assert (
+        diff["blimp"]["test"] == "McNemar (exact) over items"
+        and diff["blimp"]["mean"] > 10
+        and diff["blimp"]["p"] < 1e-3
+    )
     assert diff["ner"]["test"] == "paired t over seeds" and diff["probe_ner"]["pairs"] == 2
     for name in ("blimp.md", "probes.md", "probes.png", "comparison.png"):
         assert (report / name).is_file()

@@ -32,9 +32,20 @@ def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(
     assert (tmp_path / "config.yaml").is_file()
     rows = metrics(tmp_path)
     logged = set().union(*(r.keys() for r in rows))
-    for key in ("train/loss", "train/mlm_loss", "train/mlm_acc", "val/loss", "val/mlm_loss", "val/mlm_acc",
-                "train/lr", "train/tokens_seen", "train/flops", "perf/tokens_per_s", "perf/data_wait_s",
-                "perf/data_wait_frac"):
+    for key in (
+        "train/loss",
+        "train/mlm_loss",
+        "train/mlm_acc",
+        "val/loss",
+        "val/mlm_loss",
+        "val/mlm_acc",
+        "train/lr",
+        "train/tokens_seen",
+        "train/flops",
+        "perf/tokens_per_s",
+        "perf/data_wait_s",
+        "perf/data_wait_frac",
+    ):
         assert key in logged, key
     encoder, tokenizer, meta = load_encoder(tmp_path)
     assert meta["pretraining"]["objective"] == "roberta" and meta["pretraining"]["global_step"] == 12
@@ -59,6 +70,7 @@ def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_p
         def slow(*args, **kwargs):
             time.sleep(0.3)
             return original(*args, **kwargs)
+
         return slow
 
     overrides = [*SMALL, "max_steps=6", "val_every=2", "trainer.log_every_n_steps=1", "export=false"]
@@ -79,15 +91,23 @@ def test_resume_continues_from_the_checkpoint(tmp_path, monkeypatch):
     kept = []
     monkeypatch.setattr("pretrainlab.runtime.script.keep_freed_memory", lambda: kept.append(True))
     first = tmp_path / "first"
-    run(compose_train(*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false",
-                      "keep_freed_memory=false"), first)
+    run(
+        compose_train(
+            *SMALL, "max_steps=20", "val_every=10", "checkpoint_every=10", "export=false", "keep_freed_memory=false"
+        ),
+        first,
+    )
     assert kept == []
     ckpt = torch.load(first / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 20
     tokens_at_20 = float(ckpt["state_dict"]["tokens_seen"])
     second = tmp_path / "second"
-    result = run(compose_train(*SMALL, "max_steps=30", "val_every=10", "checkpoint_every=10", "export=false",
-                               f"ckpt_path={first}"), second)
+    result = run(
+        compose_train(
+            *SMALL, "max_steps=30", "val_every=10", "checkpoint_every=10", "export=false", f"ckpt_path={first}"
+        ),
+        second,
+    )
     assert result["global_step"] == 30
     steps = sorted({int(r["step"]) for r in metrics(second) if r.get("train/loss")})
     assert steps[0] >= 20, "the resumed run started over"
@@ -97,30 +117,36 @@ def test_resume_continues_from_the_checkpoint(tmp_path, monkeypatch):
         run(compose_train(*SMALL, "ckpt_path=last"), tmp_path / "fresh")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["max_seq_len=64", "model.max_position_embeddings=32"], "exceeds model.max_position_embeddings=32"),
-    (["model.vocab_size=123"], "the tokenizer has .* tokens but model.vocab_size=123"),
-    (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "bf16-mixed"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["max_seq_len=64", "model.max_position_embeddings=32"], "exceeds model.max_position_embeddings=32"),
+        (["model.vocab_size=123"], "the tokenizer has .* tokens but model.vocab_size=123"),
+        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "bf16-mixed"),
+    ],
+)
 def test_bad_settings_fail_early_with_a_clear_message(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         run(compose_train(*SMALL, "max_steps=2", *overrides), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("checkpoint_every=0", "checkpoint_every=0: must be an integer of at least 1"),
-    ("val_every=0", "val_every=0: must be an integer of at least 1"),
-    ("batch_size=0", "batch_size=0: must be an integer of at least 1"),
-    ("device_batch_size=0", "device_batch_size=0: must be null or an integer of at least 1"),
-    ("max_seq_len=4", "max_seq_len=4: must be an integer of at least 8"),
-    ("num_workers=-1", "num_workers=-1: must be an integer of at least 0"),
-    ("val_fraction=1.5", "val_fraction=1.5: must be a number between 0 and 1"),
-    ("optim.lr=0", "optim.lr=0: must be positive"),
-    ("budget.tokens=-5", "budget.tokens=-5: must be positive"),
-    ("objective.mask_rate=1.5", "objective.mask_rate must be in"),
-    ("model.num_heads=3", "not divisible by model.num_heads=3"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("checkpoint_every=0", "checkpoint_every=0: must be an integer of at least 1"),
+        ("val_every=0", "val_every=0: must be an integer of at least 1"),
+        ("batch_size=0", "batch_size=0: must be an integer of at least 1"),
+        ("device_batch_size=0", "device_batch_size=0: must be null or an integer of at least 1"),
+        ("max_seq_len=4", "max_seq_len=4: must be an integer of at least 8"),
+        ("num_workers=-1", "num_workers=-1: must be an integer of at least 0"),
+        ("val_fraction=1.5", "val_fraction=1.5: must be a number between 0 and 1"),
+        ("optim.lr=0", "optim.lr=0: must be positive"),
+        ("budget.tokens=-5", "budget.tokens=-5: must be positive"),
+        ("objective.mask_rate=1.5", "objective.mask_rate must be in"),
+        ("model.num_heads=3", "not divisible by model.num_heads=3"),
+    ],
+)
 def test_every_numeric_setting_is_checked_before_any_work(tmp_path, monkeypatch, override, message):
     def no_work(*a, **k):
         raise AssertionError("the corpus was read before the settings were checked")
@@ -139,6 +165,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     before = (good / "checkpoints" / "last.ckpt").read_bytes()
 
     from pretrainlab.objectives.roberta import RoBERTa
+
     real_forward, calls = RoBERTa.forward, []
 
     def diverging(self, encoder, batch):  # the loss blows up on the third training step
@@ -159,10 +186,24 @@ def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PRETRAINLAB_CACHE": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
     out = run_command(
-        [sys.executable, "train.py", "model=tiny", "data.num_documents=200", "max_seq_len=64", "batch_size=16",
-         "max_steps=6", "val_every=3", "checkpoint_every=3", "num_workers=0", "tokenizer.vocab_size=800",
-         "log_encoder_artifact=true", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, timeout=600,
+        [
+            sys.executable,
+            "train.py",
+            "model=tiny",
+            "data.num_documents=200",
+            "max_seq_len=64",
+            "batch_size=16",
+            "max_steps=6",
+            "val_every=3",
+            "checkpoint_every=3",
+            "num_workers=0",
+            "tokenizer.vocab_size=800",
+            "log_encoder_artifact=true",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     offline = list((run_dir / "wandb").glob("offline-run-*"))

@@ -25,8 +25,15 @@ from pretrainlab.runtime.rundir import LOCK, RunDirBusy, RunDirError, lock, unlo
 from tests.conftest import ROOT, SMALL, compose_config, compose_train, run_command
 
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
-GLUE = ["glue.source=synthetic", "glue.synthetic.scale=0.05", "task_overrides.epochs=1", "task_overrides.max_seq_len=64",
-        "task_overrides.batch_size=32", "logger=csv", "trainer.enable_progress_bar=false"]
+GLUE = [
+    "glue.source=synthetic",
+    "glue.synthetic.scale=0.05",
+    "task_overrides.epochs=1",
+    "task_overrides.max_seq_len=64",
+    "task_overrides.batch_size=32",
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+]
 
 
 def quoted(xs: list[str]) -> str:
@@ -34,9 +41,19 @@ def quoted(xs: list[str]) -> str:
 
 
 def study(root: Path, *overrides: str, pretrain: list[str] = QUICK, objectives: str = "[roberta]"):
-    return compose_config("ablate", "study=s", f"output_root={root}", f"objectives={objectives}", "scratch=false",
-                          "intrinsic=false", "glue.tasks=[rte]", "glue.seeds=[0]", f"pretrain={quoted(pretrain)}",
-                          f"glue.overrides={quoted(GLUE)}", *overrides)
+    return compose_config(
+        "ablate",
+        "study=s",
+        f"output_root={root}",
+        f"objectives={objectives}",
+        "scratch=false",
+        "intrinsic=false",
+        "glue.tasks=[rte]",
+        "glue.seeds=[0]",
+        f"pretrain={quoted(pretrain)}",
+        f"glue.overrides={quoted(GLUE)}",
+        *overrides,
+    )
 
 
 def suite_cfg(pretrained, *overrides: str):
@@ -82,8 +99,11 @@ def test_a_study_refuses_encoders_pretrained_with_other_settings(tmp_path, monke
     monkeypatch.setattr("pretrainlab.pretraining.run.run", never)
     monkeypatch.setattr("pretrainlab.finetuning.run.run", never)
     # another budget, learning rate or tokenizer: refused before any run starts (bert's is planned first)
-    for change, named in (("max_steps=8", "max_steps: 4 then, 8 now"), ("optim.lr=1.0e-4", "optim.lr: "),
-                          ("tokenizer.vocab_size=900", "tokenizer.vocab_size: 1000 then, 900 now")):
+    for change, named in (
+        ("max_steps=8", "max_steps: 4 then, 8 now"),
+        ("optim.lr=1.0e-4", "optim.lr: "),
+        ("tokenizer.vocab_size=900", "tokenizer.vocab_size: 1000 then, 900 now"),
+    ):
         with pytest.raises(SettingsMismatch, match=named) as refused:
             run_study(study(tmp_path, pretrain=[*QUICK, change], objectives="[bert,roberta]"))
         assert "study=<name>" in str(refused.value) and "roberta-s0" in str(refused.value)
@@ -100,7 +120,10 @@ def test_a_study_refuses_to_resume_an_interrupted_run_started_with_other_setting
     run_dir = tmp_path / "s" / "pretrain" / "roberta-s0"
     pretrain(compose_train(*QUICK, "objective=roberta", "seed=0", "max_steps=6", "export=false"), run_dir)
     monkeypatch.setattr("pretrainlab.pretraining.run.run", never)
-    with pytest.raises(SettingsMismatch, match=r"interrupted run started with other settings than asked for now \(max_steps: 6 then, 4 now"):
+    with pytest.raises(
+        SettingsMismatch,
+        match=r"interrupted run started with other settings than asked for now \(max_steps: 6 then, 4 now",
+    ):
         run_study(study(tmp_path))
 
 
@@ -125,8 +148,10 @@ def test_compare_refuses_results_of_an_encoder_pretrained_again(finished, tmp_pa
     pretrain(compose_train(*QUICK, "max_steps=8", "ckpt_path=last"), run_dir)  # trained further
     with pytest.raises(CompareError, match=r"glue/rte/seed0.json holds results of another encoder"):
         collect([str(run_dir)])
-    done = run_command([sys.executable, "experiments/compare.py", str(run_dir), "--wandb", "disabled", "--out",
-                        str(tmp_path / "cmp")], cwd=ROOT)
+    done = run_command(
+        [sys.executable, "experiments/compare.py", str(run_dir), "--wandb", "disabled", "--out", str(tmp_path / "cmp")],
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and "holds results of another encoder" in done.stderr
     assert not (tmp_path / "cmp").exists()
     assert collect([str(finished)])  # the original, untouched, is still its own
@@ -189,20 +214,31 @@ def test_results_computed_on_a_data_file_edited_since_are_refused(finished, tmp_
 
 
 def _result(label, encoder, task, seed, value, config=None):
-    return {"task": task, "seed": seed, "label": label, "metrics": {"accuracy": value},
-            "pretrained": {"encoder_id": encoder, "model": "tiny", "pretrain_seed": 0, "run_dir": f"runs/{encoder}"},
-            "eval_examples": {"validation": 277}, "run_dir": f"runs/{encoder}/glue/{task}/seed{seed}",
-            **({"config": config} if config else {})}
+    return {
+        "task": task,
+        "seed": seed,
+        "label": label,
+        "metrics": {"accuracy": value},
+        "pretrained": {"encoder_id": encoder, "model": "tiny", "pretrain_seed": 0, "run_dir": f"runs/{encoder}"},
+        "eval_examples": {"validation": 277},
+        "run_dir": f"runs/{encoder}/glue/{task}/seed{seed}",
+        **({"config": config} if config else {}),
+    }
 
 
 def test_results_fine_tuned_with_other_settings_are_not_compared_side_by_side(tmp_path):
-    base = {"task": {"name": "rte", "lr": 2e-5, "epochs": 3}, "glue": {"source": "local", "data_dir": "/a"},
-            "optim": {"lr": 2e-5}}
+    base = {
+        "task": {"name": "rte", "lr": 2e-5, "epochs": 3},
+        "glue": {"source": "local", "data_dir": "/a"},
+        "optim": {"lr": 2e-5},
+    }
     moved = {**base, "glue": {"source": "local", "data_dir": "/elsewhere"}}  # the same files, moved: comparable
     other = {**base, "task": {**base["task"], "lr": 1e-3}}
-    for name, results in (("a", [_result("bert", "e1", "rte", 0, 0.6, base)]),
-                          ("b", [_result("roberta", "e2", "rte", 0, 0.7, moved)]),
-                          ("c", [_result("electra", "e3", "rte", 0, 0.7, other)])):
+    for name, results in (
+        ("a", [_result("bert", "e1", "rte", 0, 0.6, base)]),
+        ("b", [_result("roberta", "e2", "rte", 0, 0.7, moved)]),
+        ("c", [_result("electra", "e3", "rte", 0, 0.7, other)]),
+    ):
         (tmp_path / name / "rte").mkdir(parents=True)
         for r in results:
             (tmp_path / name / "rte" / f"seed{r['seed']}.json").write_text(json.dumps(r))
@@ -227,9 +263,15 @@ def test_a_cell_built_from_fewer_runs_says_so_and_one_run_has_no_spread():
 # --- one process per directory --------------------------------------------------------------------------
 def test_a_directory_lock_refuses_a_second_process_and_is_taken_over_when_its_holder_died(tmp_path, caplog):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrainlab.runtime.rundir import lock;"
-         f" lock(Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from pretrainlab.runtime.rundir import lock;"
+            f" lock(Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirBusy, match=rf"in use by another process \(pid {holder.pid} "):
@@ -250,8 +292,15 @@ def test_a_directory_lock_refuses_a_second_process_and_is_taken_over_when_its_ho
 
 @pytest.mark.slow
 def test_two_train_processes_started_on_one_directory(tmp_path):
-    cmd = [sys.executable, "train.py", *SMALL, "max_steps=40", "val_every=40", "checkpoint_every=40",
-           f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        *SMALL,
+        "max_steps=40",
+        "val_every=40",
+        "checkpoint_every=40",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     with open(tmp_path / "first.txt", "w") as err:
         first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -271,24 +320,53 @@ def test_two_train_processes_started_on_one_directory(tmp_path):
 def test_fine_tuning_never_replaces_earlier_results(finished, tmp_path):
     from pretrainlab.finetuning.run import run as finetune
 
-    cfg = compose_config("finetune", f"pretrained={finished}", "task=rte", *[g for g in GLUE if "task_overrides" not in g],
-                         "task.epochs=1")
+    cfg = compose_config(
+        "finetune",
+        f"pretrained={finished}",
+        "task=rte",
+        *[g for g in GLUE if "task_overrides" not in g],
+        "task.epochs=1",
+    )
     finetune(cfg, tmp_path / "ft")
     before = (tmp_path / "ft" / "results.json").read_bytes()
-    again = compose_config("finetune", f"pretrained={finished}", "task=rte", *[g for g in GLUE if "task_overrides" not in g],
-                           "task.epochs=1", "seed=1")
+    again = compose_config(
+        "finetune",
+        f"pretrained={finished}",
+        "task=rte",
+        *[g for g in GLUE if "task_overrides" not in g],
+        "task.epochs=1",
+        "seed=1",
+    )
     with pytest.raises(RunDirError, match="holds the results of an earlier fine-tuning run"):
         finetune(again, tmp_path / "ft")
     assert (tmp_path / "ft" / "results.json").read_bytes() == before
     # the command line refuses before Hydra writes anything into the directory
-    cmd = [sys.executable, "finetune.py", f"pretrained={finished}", "task=rte", "glue.source=synthetic",
-           "glue.synthetic.scale=0.05", "task.epochs=1", "logger=csv", f"hydra.run.dir={tmp_path / 'ft'}"]
+    cmd = [
+        sys.executable,
+        "finetune.py",
+        f"pretrained={finished}",
+        "task=rte",
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.05",
+        "task.epochs=1",
+        "logger=csv",
+        f"hydra.run.dir={tmp_path / 'ft'}",
+    ]
     done = run_command(cmd, cwd=ROOT)
     assert done.returncode == 1 and "holds the results of an earlier fine-tuning run" in done.stderr
     assert not (tmp_path / "ft" / ".hydra").exists() and (tmp_path / "ft" / "results.json").read_bytes() == before
-    finetune(compose_config("finetune", f"pretrained={finished}", "task=rte",
-                            *[g for g in GLUE if "task_overrides" not in g], "task.epochs=1", "seed=1",
-                            "overwrite=true"), tmp_path / "ft")
+    finetune(
+        compose_config(
+            "finetune",
+            f"pretrained={finished}",
+            "task=rte",
+            *[g for g in GLUE if "task_overrides" not in g],
+            "task.epochs=1",
+            "seed=1",
+            "overwrite=true",
+        ),
+        tmp_path / "ft",
+    )
     assert json.loads((tmp_path / "ft" / "results.json").read_text())["seed"] == 1
 
 
@@ -327,14 +405,24 @@ def test_a_study_stopped_by_sigterm_prints_the_command_that_continues_it(tmp_pat
     """SIGTERM to the study's process group during pretraining: exit 143 and the study's own
     command, which (run as printed) finishes the study."""
     pretrain_args = [*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=2"]
-    args = ["experiments/ablate.py", "study=s", f"output_root={tmp_path}", "objectives=[roberta]", "scratch=false",
-            "intrinsic=false", "glue.tasks=[rte]", "glue.seeds=[0]", f"pretrain={quoted(pretrain_args)}",
-            f"glue.overrides={quoted(GLUE)}"]
+    args = [
+        "experiments/ablate.py",
+        "study=s",
+        f"output_root={tmp_path}",
+        "objectives=[roberta]",
+        "scratch=false",
+        "intrinsic=false",
+        "glue.tasks=[rte]",
+        "glue.seeds=[0]",
+        f"pretrain={quoted(pretrain_args)}",
+        f"glue.overrides={quoted(GLUE)}",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     checkpoints = tmp_path / "s" / "pretrain" / "roberta-s0" / "checkpoints"
     with open(tmp_path / "err.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True
+        )
         t0 = time.time()
         while not (checkpoints / "last.ckpt").exists():
             assert proc.poll() is None and time.time() - t0 < 300, (tmp_path / "err.txt").read_text()[-3000:]
@@ -360,8 +448,16 @@ def test_fine_tuning_and_pretraining_never_share_a_directory(finished, tmp_path)
 
     run_dir = copy_of(finished, tmp_path)
     config = (run_dir / "config.yaml").read_bytes()
-    ft = compose_config("finetune", f"pretrained={run_dir}", "task=rte", "glue.source=synthetic",
-                        "glue.synthetic.scale=0.05", "task.epochs=1", "logger=csv", "trainer.enable_progress_bar=false")
+    ft = compose_config(
+        "finetune",
+        f"pretrained={run_dir}",
+        "task=rte",
+        "glue.source=synthetic",
+        "glue.synthetic.scale=0.05",
+        "task.epochs=1",
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+    )
     with pytest.raises(RunDirError, match="holds a pretraining run .*directory of its own"):
         finetune(ft, run_dir)
     assert (run_dir / "config.yaml").read_bytes() == config

@@ -50,8 +50,9 @@ def test_samples_follow_the_tempered_softmax_across_slices(temperature):
     h = probs.log().expand(n, 10).contiguous()
     w, labels = torch.eye(10), torch.zeros(n, dtype=torch.long)
     uniform = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    _, _, samples = linear_cross_entropy(h, w, None, labels, temperature, uniform,
-                                         slice_size=3)  # slices of 3, 3, 3 and 1 words
+    _, _, samples = linear_cross_entropy(
+        h, w, None, labels, temperature, uniform, slice_size=3
+    )  # slices of 3, 3, 3 and 1 words
     tempered = probs ** (1 / temperature)
     freq = torch.bincount(samples, minlength=10).float() / n
     torch.testing.assert_close(freq, tempered / tempered.sum(), atol=0.01, rtol=0)

@@ -61,8 +61,10 @@ def _failed(path: Path, e: BaseException) -> WriteError:
         free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free on its file system"
     except OSError:
         free = "free space unknown"
-    error = WriteError(f"could not write {path}: {reason} ({free}). Nothing was replaced: the previous version, if "
-                       f"any, is intact. Make room there (a full disk, a quota or a file-size limit is the usual cause) or write to another disk, and run again.")
+    error = WriteError(
+        f"could not write {path}: {reason} ({free}). Nothing was replaced: the previous version, if "
+        f"any, is intact. Make room there (a full disk, a quota or a file-size limit is the usual cause) or write to another disk, and run again."
+    )
     error.errno = getattr(e, "errno", None)
     return error
 
@@ -210,5 +212,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["WriteError", "as_created", "build_dir", "destination", "remove_stale", "temporary_dir", "umask", "write_bytes", "write_json",
-           "write_named", "write_text", "write_with"]
+__all__ = [
+    "WriteError",
+    "as_created",
+    "build_dir",
+    "destination",
+    "remove_stale",
+    "temporary_dir",
+    "umask",
+    "write_bytes",
+    "write_json",
+    "write_named",
+    "write_text",
+    "write_with",
+]

@@ -41,8 +41,10 @@ class OptimConfig:
     def param_groups(self, module: torch.nn.Module) -> list[dict]:
         """AdamW groups: weight decay on matrices, none on biases and LayerNorm weights."""
         params = [p for p in module.parameters() if p.requires_grad]
-        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.weight_decay},
-                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        return [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
 
     def warmup_steps(self, max_steps: int) -> int:
         return int(round(self.warmup * max_steps)) if self.warmup < 1 else int(self.warmup)
@@ -55,12 +57,15 @@ class OptimConfig:
         if fused is None:
             fused = not (mixed_precision and self.grad_clip)
         elif fused and mixed_precision and self.grad_clip:
-            raise ValueError("optim.fused=true cannot be combined with mixed precision and optim.grad_clip; set "
-                             "optim.fused=null (automatic) or optim.grad_clip=null.")
+            raise ValueError(
+                "optim.fused=true cannot be combined with mixed precision and optim.grad_clip; set "
+                "optim.fused=null (automatic) or optim.grad_clip=null."
+            )
         groups = self.param_groups(module)
         try:
-            return torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, eps=self.eps,
-                                     **({"fused": True} if fused else {}))
+            return torch.optim.AdamW(
+                groups, lr=self.lr, betas=self.betas, eps=self.eps, **({"fused": True} if fused else {})
+            )
         except (RuntimeError, ValueError):
             if self.fused:  # asked for explicitly: say it is not available
                 raise
@@ -70,7 +75,8 @@ class OptimConfig:
         """Warmup then linear decay over ``total_steps`` optimizer steps."""
         warmup = self.warmup_steps(total_steps)
         return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_lambda(s, warmup, total_steps, self.min_lr_ratio))
+            optimizer, lambda s: lr_lambda(s, warmup, total_steps, self.min_lr_ratio)
+        )
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -80,8 +86,9 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return max(min_ratio, 1.0 - (1.0 - min_ratio) * min(1.0, progress))
 
 
-def budget_lr_factor(progress: float, step_progress: float, warmup: float, warmup_steps: int, step: int,
-                     min_ratio: float) -> float:
+def budget_lr_factor(
+    progress: float, step_progress: float, warmup: float, warmup_steps: int, step: int, min_ratio: float
+) -> float:
     """Linear warmup then linear decay to ``min_ratio`` over budget progress in [0, 1].
     ``warmup`` < 1 is a fraction of the budget; else ``warmup_steps`` optimizer steps."""
     if warmup_steps > 0:
@@ -125,8 +132,12 @@ class Budget:
 
     def measure(self, steps: int, tokens: float, flops: float, seconds: float) -> float:
         """The amount of this budget's unit that these counters stand for."""
-        return {"steps": float(steps), "tokens": float(tokens), "flops": float(flops),
-                "minutes": float(seconds) / 60.0}[self.kind]
+        return {
+            "steps": float(steps),
+            "tokens": float(tokens),
+            "flops": float(flops),
+            "minutes": float(seconds) / 60.0,
+        }[self.kind]
 
     def start(self, used: float) -> None:
         """Training starts (or resumes) having used ``used``."""
@@ -151,9 +162,17 @@ class Budget:
             return optim.schedule(optimizer, int(self.total))
         fraction = optim.warmup if optim.warmup < 1 else 0.0
         steps = int(optim.warmup) if optim.warmup >= 1 else 0
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: budget_lr_factor(
-            self.progress, (self.last_step or self.expected_per_step) / self.total, fraction, steps, s,
-            optim.min_lr_ratio))
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda s: budget_lr_factor(
+                self.progress,
+                (self.last_step or self.expected_per_step) / self.total,
+                fraction,
+                steps,
+                s,
+                optim.min_lr_ratio,
+            ),
+        )
 
 
 __all__ = ["Budget", "KINDS", "OptimConfig", "budget_lr_factor", "lr_lambda"]

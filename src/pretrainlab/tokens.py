@@ -73,8 +73,15 @@ def special_tokens(tok: Tokenizer, names: dict | None = None) -> SpecialTokens:
         elif model["type"] == "BPE" and isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel):
             continuation[i] = not token.startswith("\u0120")  # 'Ġ' marks a word start
     continuation[[ids[r] for r in ids]] = False
-    return SpecialTokens(vocab_size=vocab_size, pad_id=ids["pad"], unk_id=ids["unk"], cls_id=ids["cls"],
-                         sep_id=ids["sep"], mask_id=ids["mask"], is_continuation=continuation)
+    return SpecialTokens(
+        vocab_size=vocab_size,
+        pad_id=ids["pad"],
+        unk_id=ids["unk"],
+        cls_id=ids["cls"],
+        sep_id=ids["sep"],
+        mask_id=ids["mask"],
+        is_continuation=continuation,
+    )
 
 
 def with_template(tokenizer: Tokenizer, cls: str = SPECIALS["cls"], sep: str = SPECIALS["sep"]) -> Tokenizer:
@@ -84,7 +91,8 @@ def with_template(tokenizer: Tokenizer, cls: str = SPECIALS["cls"], sep: str = S
     encodes the text alone."""
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
     return tok
-

@@ -36,14 +36,14 @@ class TokenizedDocuments(Documents):
             raise TypeError("index documents one at a time")
         s0, s1 = self.doc_offsets[d], self.doc_offsets[d + 1]
         o = self.sentence_offsets
-        return [self.tokens[o[s]:o[s + 1]] for s in range(s0, s1)]
+        return [self.tokens[o[s] : o[s + 1]] for s in range(s0, s1)]
 
     def num_sentences(self, d: int) -> int:
         return int(self.doc_offsets[d + 1] - self.doc_offsets[d])
 
     def sentence(self, d: int, i: int) -> np.ndarray:
         s = self.doc_offsets[d] + i
-        return self.tokens[self.sentence_offsets[s]:self.sentence_offsets[s + 1]]
+        return self.tokens[self.sentence_offsets[s] : self.sentence_offsets[s + 1]]
 
     @property
     def num_tokens(self) -> int:
@@ -69,7 +69,7 @@ class ExampleStore:
     def __getitem__(self, i: int) -> Example:
         out = {}
         for name, (values, offsets) in self.columns.items():
-            out[name] = values[offsets[i]:offsets[i + 1]] if offsets is not None else values[i]
+            out[name] = values[offsets[i] : offsets[i + 1]] if offsets is not None else values[i]
         return out
 
     @property

@@ -41,9 +41,19 @@ class EpochBatches(Sampler):
     Lightning; ``resume_at`` skips the micro-batches an interrupted epoch already consumed.
     """
 
-    def __init__(self, num_examples: int, batch_size: int, seed: int, shuffle: bool = True,
-                 drop_last: bool = True, rank: int = 0, world_size: int = 1, follow_epochs: bool = True,
-                 accumulate: int = 1, lengths: np.ndarray | None = None):
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        follow_epochs: bool = True,
+        accumulate: int = 1,
+        lengths: np.ndarray | None = None,
+    ):
         """``lengths``: the examples' token counts; then every key also says how many tokens its
         micro-batch holds on all ranks together (``global_tokens``), which every rank knows without
         communicating, since they share the order."""
@@ -83,22 +93,32 @@ class EpochBatches(Sampler):
 
     def __iter__(self) -> Iterator[BatchKey]:
         skip, self._skip = self._skip, 0
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        order = (
+            np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        )
         per_step, a = self.global_batch_size, self.accumulate
         for b in range(self.num_global_batches()):
-            step = order[b * per_step:(b + 1) * per_step]
-            mine = step[self.rank::self.world_size]
+            step = order[b * per_step : (b + 1) * per_step]
+            mine = step[self.rank :: self.world_size]
             for m in range(a):
                 k = b * a + m  # this rank's micro-batch number in the epoch
-                part = mine[m * self.batch_size:(m + 1) * self.batch_size]
+                part = mine[m * self.batch_size : (m + 1) * self.batch_size]
                 if k < skip or not len(part):
                     continue
                 tokens = None
                 if self.lengths is not None:  # micro-batch m of every rank
-                    tokens = int(sum(self.lengths[step[r::self.world_size][m * self.batch_size:(m + 1) * self.batch_size]].sum()
-                                     for r in range(self.world_size)))
+                    tokens = int(
+                        sum(
+                            self.lengths[
+                                step[r :: self.world_size][m * self.batch_size : (m + 1) * self.batch_size]
+                            ].sum()
+                            for r in range(self.world_size)
+                        )
+                    )
                 # masks are seeded by the key's index: unique per (step, rank, micro-batch)
-                yield BatchKey(self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part), tokens)
+                yield BatchKey(
+                    self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part), tokens
+                )
 
 
 class ResumableLoader(DataLoader):
@@ -114,8 +134,11 @@ class ResumableLoader(DataLoader):
         self._step_fn = step_fn
 
     def state_dict(self) -> dict:
-        return {"global_step": int(self._step_fn()) if self._step_fn else 0,
-                "accumulate": self.sampler.accumulate, "micro_batches": len(self.sampler)}
+        return {
+            "global_step": int(self._step_fn()) if self._step_fn else 0,
+            "accumulate": self.sampler.accumulate,
+            "micro_batches": len(self.sampler),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("micro_batches") != len(self.sampler) or state.get("accumulate") != self.sampler.accumulate:
@@ -141,7 +164,9 @@ class MaskedBatches(Dataset):
         return len(self.store)
 
     def __getitem__(self, key: BatchKey):
-        g = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(1)[0]))
+        g = torch.Generator().manual_seed(
+            int(np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(1)[0])
+        )
         batch = self.collator([self.store[i] for i in key.example_ids], g)
         if key.global_tokens is not None:
             batch["global_tokens"] = torch.tensor(key.global_tokens)
@@ -153,9 +178,19 @@ class StreamingBatches(IterableDataset):
     ``buffer_documents``, turned into examples by the objective's builder, shuffled within the
     buffer and masked. The first ``val_documents`` documents are held out for validation."""
 
-    def __init__(self, data: PretrainData, builder: ExampleBuilder, collator, batch_size: int, seed: int,
-                 split: str, val_documents: int = 200, buffer_documents: int = 1000, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self,
+        data: PretrainData,
+        builder: ExampleBuilder,
+        collator,
+        batch_size: int,
+        seed: int,
+        split: str,
+        val_documents: int = 200,
+        buffer_documents: int = 1000,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         self.data, self.builder, self.collator = data, builder, collator
         self.batch_size, self.seed, self.split = batch_size, seed, split
         self.val_documents, self.buffer_documents = val_documents, buffer_documents
@@ -195,13 +230,13 @@ class StreamingBatches(IterableDataset):
                 pending += self._examples(buffer, rng)
                 buffer = []
             while len(pending) >= self.batch_size:
-                yield self._batch(pending[:self.batch_size], rng)
-                pending = pending[self.batch_size:]
+                yield self._batch(pending[: self.batch_size], rng)
+                pending = pending[self.batch_size :]
         if len(buffer) >= 2:
             pending += self._examples(buffer, rng)
         while len(pending) >= self.batch_size or (pending and self.split == "val"):
-            yield self._batch(pending[:self.batch_size], rng)
-            pending = pending[self.batch_size:]
+            yield self._batch(pending[: self.batch_size], rng)
+            pending = pending[self.batch_size :]
 
     def _examples(self, documents: list, rng: np.random.Generator) -> list[Example]:
         examples = list(self.builder(documents, rng))

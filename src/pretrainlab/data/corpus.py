@@ -27,7 +27,24 @@ from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, gen
 
 # --- sentence splitting ------------------------------------------------------------------------
 
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "prof", "sr", "jr", "vs", "etc", "no", "vol", "fig", "e.g", "i.e", "mt"}
+_ABBREVIATIONS = {
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "prof",
+    "sr",
+    "jr",
+    "vs",
+    "etc",
+    "no",
+    "vol",
+    "fig",
+    "e.g",
+    "i.e",
+    "mt",
+}
 # A sentence ends at . ! or ? (optionally followed by closing quotes/brackets), then whitespace,
 # then something that can start a sentence: an upper-case letter, a digit, or an opening quote.
 _BOUNDARY = re.compile(r"(?<=[.!?])([\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]*[A-Z0-9])")
@@ -46,7 +63,7 @@ def split_sentences(text: str) -> list[str]:
         start = 0
         for m in _BOUNDARY.finditer(paragraph):
             end = m.start() + len(m.group(1))
-            prev_word = paragraph[start:m.start()].rsplit(" ", 1)[-1].rstrip(".").lower()
+            prev_word = paragraph[start : m.start()].rsplit(" ", 1)[-1].rstrip(".").lower()
             if prev_word in _ABBREVIATIONS or (len(prev_word) == 1 and prev_word.isalpha()):
                 continue  # "Mr. Smith", "J. Austen": not a sentence end
             sentences.append(paragraph[start:end].strip())
@@ -61,10 +78,10 @@ def strip_gutenberg_boilerplate(text: str) -> str:
     """The book between Project Gutenberg's START and END markers (the text as is without them)."""
     start = _GUTENBERG_START.search(text)
     if start:
-        text = text[start.end():]
+        text = text[start.end() :]
     end = _GUTENBERG_END.search(text)
     if end:
-        text = text[:end.start()]
+        text = text[: end.start()]
     return text
 
 
@@ -78,8 +95,9 @@ def _split_batch(batch: dict[str, list], text_column: str, strip_gutenberg: bool
     return {"sentences": out}
 
 
-def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: bool, num_proc: int | None,
-                       cache_file: str | None) -> datasets.Dataset:
+def _sentences_dataset(
+    ds: datasets.Dataset, text_column: str, strip_gutenberg: bool, num_proc: int | None, cache_file: str | None
+) -> datasets.Dataset:
     if text_column not in ds.column_names:
         raise ValueError(
             f"the corpus has no column {text_column!r} (columns: {ds.column_names}); set data.text_column."
@@ -92,9 +110,14 @@ def _sentences_dataset(ds: datasets.Dataset, text_column: str, strip_gutenberg: 
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     try:
         return ds.map(
-            _split_batch, batched=True, batch_size=16, remove_columns=ds.column_names, num_proc=parallel,
+            _split_batch,
+            batched=True,
+            batch_size=16,
+            remove_columns=ds.column_names,
+            num_proc=parallel,
             fn_kwargs={"text_column": text_column, "strip_gutenberg": strip_gutenberg},
-            cache_file_name=cache_file, desc="splitting sentences",
+            cache_file_name=cache_file,
+            desc="splitting sentences",
         )
     finally:
         if previous is None:
@@ -127,9 +150,11 @@ def _first_invalid_utf8(files: list[Path]) -> str:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
-            return (f"{f} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}) cannot be "
-                    f"decoded. Fix or re-encode the file (e.g. iconv -f latin1 -t utf-8), or set "
-                    f"data.encoding_errors=replace to read each undecodable byte as U+FFFD.")
+            return (
+                f"{f} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}) cannot be "
+                f"decoded. Fix or re-encode the file (e.g. iconv -f latin1 -t utf-8), or set "
+                f"data.encoding_errors=replace to read each undecodable byte as U+FFFD."
+            )
     return "a data file is not valid UTF-8; set data.encoding_errors=replace to read undecodable bytes as U+FFFD."
 
 
@@ -152,11 +177,15 @@ def _first_invalid_json(files: list[Path], text_column: str) -> str | None:
             try:
                 row = json.loads(line)
             except ValueError as e:
-                return (f"{f}, line {n}: not a complete JSON object ({e}): {line[:80]!r}. Each line of a JSON lines "
-                        f"file must be one JSON object with a {text_column!r} field: repair or remove that line.")
+                return (
+                    f"{f}, line {n}: not a complete JSON object ({e}): {line[:80]!r}. Each line of a JSON lines "
+                    f"file must be one JSON object with a {text_column!r} field: repair or remove that line."
+                )
             if not isinstance(row, dict):
-                return (f"{f}, line {n}: a JSON {type(row).__name__}, not an object with a {text_column!r} field. "
-                        f"Repair or remove that line.")
+                return (
+                    f"{f}, line {n}: a JSON {type(row).__name__}, not an object with a {text_column!r} field. "
+                    f"Repair or remove that line."
+                )
     return None
 
 
@@ -203,11 +232,15 @@ class SyntheticCorpus(Corpus):
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_documents, int) or self.num_documents < 2:
-            raise ValueError(f"data.num_documents={self.num_documents!r}: must be an integer of at least 2 (a held-out "
-                             f"split needs 2 documents).")
+            raise ValueError(
+                f"data.num_documents={self.num_documents!r}: must be an integer of at least 2 (a held-out "
+                f"split needs 2 documents)."
+            )
         if not 1 <= self.min_sentences <= self.max_sentences:
-            raise ValueError(f"data.min_sentences={self.min_sentences} and data.max_sentences={self.max_sentences}: "
-                             f"need 1 <= min_sentences <= max_sentences.")
+            raise ValueError(
+                f"data.min_sentences={self.min_sentences} and data.max_sentences={self.max_sentences}: "
+                f"need 1 <= min_sentences <= max_sentences."
+            )
         if self.num_topics < 1:
             raise ValueError(f"data.num_topics={self.num_topics}: must be at least 1.")
 
@@ -280,8 +313,13 @@ class TextFiles(Corpus):
     def key(self) -> dict:
         files = self.resolve()
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        key = {"corpus": "TextFiles", "files": stats, "doc_split": self.doc_split,
-               "text_column": self.text_column, "strip_gutenberg": self.strip_gutenberg}
+        key = {
+            "corpus": "TextFiles",
+            "files": stats,
+            "doc_split": self.doc_split,
+            "text_column": self.text_column,
+            "strip_gutenberg": self.strip_gutenberg,
+        }
         if self.encoding_errors != "strict":
             key["encoding_errors"] = self.encoding_errors
         return key
@@ -290,8 +328,10 @@ class TextFiles(Corpus):
         files = self.resolve()
         loader = _LOADERS[files[0].suffix.lower()]
         if loader == "text" and self.doc_split == "file" and len(files) < 2:
-            raise CorpusError(f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "
-                              f"document; {self.few_documents_hint()}")
+            raise CorpusError(
+                f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "
+                f"document; {self.few_documents_hint()}"
+            )
         kwargs: dict[str, Any] = {}
         column = self.text_column
         if loader == "text":
@@ -302,8 +342,11 @@ class TextFiles(Corpus):
             kwargs["encoding_errors"] = self.encoding_errors
         try:
             ds = datasets.load_dataset(
-                loader, data_files=[str(f) for f in files], split="train",
-                cache_dir=str(cache_dir / "hf-datasets"), **kwargs,
+                loader,
+                data_files=[str(f) for f in files],
+                split="train",
+                cache_dir=str(cache_dir / "hf-datasets"),
+                **kwargs,
             )
         except Exception as e:  # noqa: BLE001 - re-raised naming the file and line when they can be found
             if loader != "parquet" and _caused_by(e, UnicodeDecodeError):
@@ -313,8 +356,13 @@ class TextFiles(Corpus):
                 raise CorpusError(problem) from None
             raise
         cache_dir.mkdir(parents=True, exist_ok=True)
-        out = _sentences_dataset(ds, column, self.strip_gutenberg, self.num_proc or os.cpu_count(),
-                                 str(cache_dir / f"sentences-{self.fingerprint()}.arrow"))
+        out = _sentences_dataset(
+            ds,
+            column,
+            self.strip_gutenberg,
+            self.num_proc or os.cpu_count(),
+            str(cache_dir / f"sentences-{self.fingerprint()}.arrow"),
+        )
         return out
 
     def describe(self) -> str:
@@ -326,11 +374,15 @@ class TextFiles(Corpus):
             return "a held-out split needs at least 2, and each row of the files is a document: add rows or files."
         if self.doc_split == "file":
             if any(_has_blank_line(f) for f in files):
-                return ("a held-out split needs at least 2. The text has blank lines: data.doc_split=blank_line "
-                        "makes each block between blank lines a document; or add files (one document each).")
-            return ("a held-out split needs at least 2. The text has no blank lines, so data.doc_split=blank_line "
-                    "would not split it either: add files (a directory of .txt files, one document each), or split "
-                    "the text into several files.")
+                return (
+                    "a held-out split needs at least 2. The text has blank lines: data.doc_split=blank_line "
+                    "makes each block between blank lines a document; or add files (one document each)."
+                )
+            return (
+                "a held-out split needs at least 2. The text has no blank lines, so data.doc_split=blank_line "
+                "would not split it either: add files (a directory of .txt files, one document each), or split "
+                "the text into several files."
+            )
         return "a held-out split needs at least 2: add files, or separate documents with blank lines."
 
 
@@ -364,7 +416,11 @@ class HubCorpus(Corpus):
     def _load(self, src: HubSource, cache_dir: Path):
         try:
             return datasets.load_dataset(
-                src.path, src.name, split=src.split, streaming=self.streaming, data_files=src.data_files,
+                src.path,
+                src.name,
+                split=src.split,
+                streaming=self.streaming,
+                data_files=src.data_files,
                 cache_dir=str(cache_dir / "hf-datasets"),
             )
         except Exception as e:  # noqa: BLE001 - re-raised with what to do
@@ -411,7 +467,8 @@ class HubCorpus(Corpus):
         if self.streaming:
             return _Reiterable(self, cache_dir)
         return datasets.Dataset.from_generator(
-            self.iter_documents, gen_kwargs={"cache_dir": cache_dir},
+            self.iter_documents,
+            gen_kwargs={"cache_dir": cache_dir},
             cache_dir=str(cache_dir / "hf-datasets"),
         )
 

@@ -16,9 +16,19 @@ from pretrainlab.runtime.signals import worker_init
 class PretrainDataModule(L.LightningDataModule):
     """Serves the objective's examples as masked batches; shards them across DDP ranks."""
 
-    def __init__(self, data: PretrainData, builder: ExampleBuilder, collator, batch_size: int, seed: int,
-                 num_workers: int = 0, val_batch_size: int | None = None, val_documents: int = 200,
-                 buffer_documents: int = 1000, accumulate: int = 1):
+    def __init__(
+        self,
+        data: PretrainData,
+        builder: ExampleBuilder,
+        collator,
+        batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        val_batch_size: int | None = None,
+        val_documents: int = 200,
+        buffer_documents: int = 1000,
+        accumulate: int = 1,
+    ):
         """``batch_size`` is the micro-batch of one device; ``accumulate`` micro-batches make its
         share of one optimizer step."""
         super().__init__()
@@ -52,9 +62,14 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _loader(self, dataset, sampler=None, cls=DataLoader, **kwargs) -> DataLoader:
         return cls(
-            dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
-            worker_init_fn=worker_init, **kwargs,
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=worker_init,
+            **kwargs,
         )
 
     def _global_step(self) -> int:
@@ -64,23 +79,59 @@ class PretrainDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank()
         if self.data.corpus.streaming:
-            return self._loader(StreamingBatches(self.data, self.builder, self.collator, self.batch_size, self.seed,
-                                                 "train", self.val_documents, self.buffer_documents, rank, world))
-        sampler = EpochBatches(len(self.train_store), self.batch_size, self.seed, True, True, rank, world,
-                               accumulate=self.accumulate, lengths=self.train_store.lengths)
-        return self._loader(MaskedBatches(self.train_store, self.collator, self.seed), sampler, ResumableLoader,
-                            step_fn=self._global_step)
+            return self._loader(
+                StreamingBatches(
+                    self.data,
+                    self.builder,
+                    self.collator,
+                    self.batch_size,
+                    self.seed,
+                    "train",
+                    self.val_documents,
+                    self.buffer_documents,
+                    rank,
+                    world,
+                )
+            )
+        sampler = EpochBatches(
+            len(self.train_store),
+            self.batch_size,
+            self.seed,
+            True,
+            True,
+            rank,
+            world,
+            accumulate=self.accumulate,
+            lengths=self.train_store.lengths,
+        )
+        return self._loader(
+            MaskedBatches(self.train_store, self.collator, self.seed),
+            sampler,
+            ResumableLoader,
+            step_fn=self._global_step,
+        )
 
     def val_dataloader(self) -> DataLoader:
         rank, world = self._rank()
         if self.data.corpus.streaming:
-            return self._loader(StreamingBatches(self.data, self.builder, self.collator, self.val_batch_size,
-                                                 self.seed, "val", self.val_documents, self.buffer_documents))
+            return self._loader(
+                StreamingBatches(
+                    self.data,
+                    self.builder,
+                    self.collator,
+                    self.val_batch_size,
+                    self.seed,
+                    "val",
+                    self.val_documents,
+                    self.buffer_documents,
+                )
+            )
         n = len(self.val_store)
         bs = min(self.val_batch_size, max(1, n // world))
         # fixed order and fixed masks: validation numbers are comparable across evaluations
-        sampler = EpochBatches(n, bs, self.seed, shuffle=False, drop_last=True, rank=rank, world_size=world,
-                               follow_epochs=False)
+        sampler = EpochBatches(
+            n, bs, self.seed, shuffle=False, drop_last=True, rank=rank, world_size=world, follow_epochs=False
+        )
         return self._loader(MaskedBatches(self.val_store, self.collator, self.seed + 1), sampler)
 
 

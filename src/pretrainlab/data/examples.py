@@ -91,8 +91,9 @@ class ExampleBuilder:
     def key(self) -> dict:
         return {"builder": type(self).__name__, "version": self.version, **asdict(self)}
 
-    def __call__(self, documents: Documents | Sequence[Sequence[np.ndarray]],
-                 rng: np.random.Generator) -> Iterator[Example]:
+    def __call__(
+        self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator
+    ) -> Iterator[Example]:
         raise NotImplementedError
 
 

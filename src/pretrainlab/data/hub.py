@@ -1,9 +1,9 @@
 """The Hugging Face hub's reachability, for every reader of hub datasets (corpora, GLUE).
 
-    hub_offline     offline mode is set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)
-    hub_reachable   the hub answers a TCP connection within a few seconds
-    go_offline      switch the hub libraries to offline mode in this process: the datasets cache is
-                    used, and a missing dataset fails at once instead of after a minute of retries
+hub_offline     offline mode is set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)
+hub_reachable   the hub answers a TCP connection within a few seconds
+go_offline      switch the hub libraries to offline mode in this process: the datasets cache is
+                used, and a missing dataset fails at once instead of after a minute of retries
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def go_offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
-    for module, attrs in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+    for module, attrs in (
+        ("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+        ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),
+    ):
         loaded = sys.modules.get(module)
         for attr in attrs:
             if loaded is not None and hasattr(loaded, attr):

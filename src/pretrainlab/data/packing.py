@@ -24,8 +24,9 @@ class PackedBlocks(ExampleBuilder):
     cls_id: int
     sep_id: int
 
-    def __call__(self, documents: Documents | Sequence[Sequence[np.ndarray]],
-                 rng: np.random.Generator | None = None) -> Iterator[Example]:
+    def __call__(
+        self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator | None = None
+    ) -> Iterator[Example]:
         documents = as_documents(documents)
         budget = self.max_len - 2
         if budget < 1:
@@ -48,7 +49,7 @@ class PackedBlocks(ExampleBuilder):
                     pieces, used = [], 0
             for sentence in doc:
                 for start in range(0, max(len(sentence), 1), budget):
-                    chunk = np.asarray(sentence[start:start + budget], dtype=np.int32)
+                    chunk = np.asarray(sentence[start : start + budget], dtype=np.int32)
                     if len(chunk) == 0:
                         continue
                     if used + len(chunk) > budget:

@@ -39,7 +39,7 @@ def _tokenize_batch(batch: dict, tokenizer: Tokenizer) -> dict:
     encoded = tokenizer.encode_batch(flat, add_special_tokens=False) if flat else []
     out, k = [], 0
     for doc in batch["sentences"]:
-        out.append([np.asarray(e.ids, dtype=np.int32) for e in encoded[k:k + len(doc)]])
+        out.append([np.asarray(e.ids, dtype=np.int32) for e in encoded[k : k + len(doc)]])
         k += len(doc)
     return {"ids": out}
 
@@ -51,8 +51,14 @@ class PretrainData:
     validation text is never seen in training, whichever objective builds the examples.
     """
 
-    def __init__(self, corpus: Corpus, tokenizer: TokenizerSpec, cache_dir: str | Path,
-                 val_fraction: float = 0.05, split_seed: int = 0):
+    def __init__(
+        self,
+        corpus: Corpus,
+        tokenizer: TokenizerSpec,
+        cache_dir: str | Path,
+        val_fraction: float = 0.05,
+        split_seed: int = 0,
+    ):
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}.")
         self.corpus, self.tokenizer_spec = corpus, tokenizer
@@ -71,10 +77,16 @@ class PretrainData:
             self._documents = self.corpus.documents(self.cache_dir / "corpora" / self.corpus_key)
             if not self.corpus.streaming:
                 if len(self._documents) < 2:
-                    raise CorpusError(f"the corpus ({self.corpus.describe()}) has {len(self._documents)} document(s); "
-                                      f"{self.corpus.few_documents_hint()}")
-                log.info("corpus: %s, %d documents (%.1fs)", self.corpus.describe(), len(self._documents),
-                         time.perf_counter() - t)
+                    raise CorpusError(
+                        f"the corpus ({self.corpus.describe()}) has {len(self._documents)} document(s); "
+                        f"{self.corpus.few_documents_hint()}"
+                    )
+                log.info(
+                    "corpus: %s, %d documents (%.1fs)",
+                    self.corpus.describe(),
+                    len(self._documents),
+                    time.perf_counter() - t,
+                )
         return self._documents
 
     def sentences(self) -> Iterator[str]:
@@ -95,8 +107,13 @@ class PretrainData:
             t = time.perf_counter()
             self._tokenizer = spec.get(self.sentences(), self.corpus_key, self.cache_dir)
             how = "loaded from cache" if cached else ("loaded" if spec.kind == "pretrained" else "trained")
-            log.info("tokenizer: %s %s, vocabulary %d (%.1fs)", spec.kind, how,
-                     self._tokenizer.get_vocab_size(), time.perf_counter() - t)
+            log.info(
+                "tokenizer: %s %s, vocabulary %d (%.1fs)",
+                spec.kind,
+                how,
+                self._tokenizer.get_vocab_size(),
+                time.perf_counter() - t,
+            )
         return self._tokenizer
 
     @cached_property
@@ -117,11 +134,20 @@ class PretrainData:
                 else:
                     t = time.perf_counter()
                     features = datasets.Features({"ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32")))})
-                    atomic.write_named(path, lambda tmp: self.documents.map(
-                        _tokenize_batch, batched=True, batch_size=512, remove_columns=["sentences"],
-                        features=features, fn_kwargs={"tokenizer": self.tokenizer},
-                        cache_file_name=str(tmp), new_fingerprint=self.tokenized_key, desc="tokenizing",
-                    ))
+                    atomic.write_named(
+                        path,
+                        lambda tmp: self.documents.map(
+                            _tokenize_batch,
+                            batched=True,
+                            batch_size=512,
+                            remove_columns=["sentences"],
+                            features=features,
+                            fn_kwargs={"tokenizer": self.tokenizer},
+                            cache_file_name=str(tmp),
+                            new_fingerprint=self.tokenized_key,
+                            desc="tokenizing",
+                        ),
+                    )
                     log.info("tokenized corpus: %s (%.1fs)", path.parent, time.perf_counter() - t)
                 ds = datasets.Dataset.from_file(str(path))
             self._tokenized = TokenizedDocuments.from_arrow(ds.data.column("ids"))
@@ -142,8 +168,15 @@ class PretrainData:
 
     # examples
     def examples(self, builder: ExampleBuilder, split: str) -> ExampleStore:
-        key = fingerprint({"tokenized": self.tokenized_key, "builder": builder.key(), "split": split,
-                           "val_fraction": self.val_fraction, "split_seed": self.split_seed})
+        key = fingerprint(
+            {
+                "tokenized": self.tokenized_key,
+                "builder": builder.key(),
+                "split": split,
+                "val_fraction": self.val_fraction,
+                "split_seed": self.split_seed,
+            }
+        )
         final = self.cache_dir / "examples" / key
         with FileLock(str(final) + ".lock"):
             if final.is_dir():

@@ -44,8 +44,9 @@ class SentencePairs(ExampleBuilder):
         if self.max_len < 5:
             raise ValueError(f"max_seq_len={self.max_len} is too short for a sentence pair (needs at least 5).")
 
-    def __call__(self, documents: Documents | Sequence[Sequence[np.ndarray]],
-                 rng: np.random.Generator) -> Iterator[Example]:
+    def __call__(
+        self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator
+    ) -> Iterator[Example]:
         documents = as_documents(documents)
         if self.task == "nsp" and len(documents) < 2:
             raise ValueError("next-sentence prediction needs at least two documents to draw negatives from.")
@@ -155,13 +156,13 @@ class SentencePairs(ExampleBuilder):
         for seg, keep in ((a, la), (b, lb)):
             removed = len(seg) - keep
             front = int(rng.binomial(removed, 0.5)) if removed else 0
-            out.append(seg[front:len(seg) - (removed - front)])
+            out.append(seg[front : len(seg) - (removed - front)])
         return out[0], out[1]
 
     def _pair(self, a: np.ndarray, b: np.ndarray, label: int) -> Example:
         ids = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]]).astype(np.int32)
         types = np.zeros(len(ids), dtype=np.int8)
-        types[len(a) + 2:] = 1
+        types[len(a) + 2 :] = 1
         return {"input_ids": ids, "token_type_ids": types, "label": np.array(label, dtype=np.int8)}
 
 

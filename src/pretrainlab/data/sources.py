@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def local_root(block: str, source: str, data_dir: str | None, layout: str,
-               generate: Callable[[], Path]) -> Path | None:
+def local_root(block: str, source: str, data_dir: str | None, layout: str, generate: Callable[[], Path]) -> Path | None:
     """The local directory ``block``'s data is read from, or None for the hub. ``layout`` says in the
     error what a local directory must hold; ``generate()`` writes the synthetic data and returns its
     directory."""

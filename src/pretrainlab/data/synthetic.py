@@ -68,8 +68,11 @@ class SyntheticLanguage:
             return [word(lo, hi) for _ in range(n)]
 
         topics = [
-            {"nouns": words(self.nouns_per_topic, 1, 3), "verbs": words(self.verbs_per_topic, 1, 2),
-             "adjectives": words(self.adjectives_per_topic, 1, 2)}
+            {
+                "nouns": words(self.nouns_per_topic, 1, 3),
+                "verbs": words(self.verbs_per_topic, 1, 2),
+                "adjectives": words(self.adjectives_per_topic, 1, 2),
+            }
             for _ in range(self.num_topics)
         ]
         shared = {"nouns": words(self.shared_nouns, 2, 4), "verbs": words(self.shared_verbs, 1, 2)}
@@ -145,6 +148,4 @@ def generate_documents(
         )
     lex = language.build()
     rng = random.Random(f"documents-{language.seed}")
-    return [
-        " ".join(_document(rng, lex, rng.randint(min_sentences, max_sentences))) for _ in range(num_documents)
-    ]
+    return [" ".join(_document(rng, lex, rng.randint(min_sentences, max_sentences))) for _ in range(num_documents)]

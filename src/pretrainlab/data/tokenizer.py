@@ -102,33 +102,55 @@ class TokenizerSpec:
         sentences (default: the system's temporary directory)."""
         specials = [self.special_tokens[r] for r in ROLES]
         if self.kind == "wordpiece":
-            return train_wordpiece(self._wordpiece, _limit(sentences, self.max_training_sentences), specials,
-                                   self.vocab_size, self.min_frequency, workdir)
+            return train_wordpiece(
+                self._wordpiece,
+                _limit(sentences, self.max_training_sentences),
+                specials,
+                self.vocab_size,
+                self.min_frequency,
+                workdir,
+            )
         # byte-level BPE (its trainer is deterministic: every initial symbol is a byte, in sorted order)
         tok = Tokenizer(models.BPE(unk_token=self.special_tokens["unk"]))
         norm = [normalizers.NFC()] + ([normalizers.Lowercase()] if self.lowercase else [])
         tok.normalizer = normalizers.Sequence(norm)
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, min_frequency=self.min_frequency,
-                                      special_tokens=specials, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=self.vocab_size,
+            min_frequency=self.min_frequency,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(_limit(sentences, self.max_training_sentences), trainer=trainer)
         return tok
 
     def _wordpiece(self) -> Tokenizer:
         """An untrained BERT WordPiece tokenizer (normalizer, pre-tokenizer, decoder)."""
-        tok = Tokenizer(models.WordPiece(unk_token=self.special_tokens["unk"], max_input_chars_per_word=100,
-                                         continuing_subword_prefix=CONTINUATION))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=self.lowercase, strip_accents=None,
-                                                    clean_text=True, handle_chinese_chars=True)
+        tok = Tokenizer(
+            models.WordPiece(
+                unk_token=self.special_tokens["unk"],
+                max_input_chars_per_word=100,
+                continuing_subword_prefix=CONTINUATION,
+            )
+        )
+        tok.normalizer = normalizers.BertNormalizer(
+            lowercase=self.lowercase, strip_accents=None, clean_text=True, handle_chinese_chars=True
+        )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
         return tok
 
 
-def train_wordpiece(new_tokenizer, sentences: Iterable[str], specials: list[str], vocab_size: int,
-                    min_frequency: int, workdir: str | Path | None = None) -> Tokenizer:
+def train_wordpiece(
+    new_tokenizer,
+    sentences: Iterable[str],
+    specials: list[str],
+    vocab_size: int,
+    min_frequency: int,
+    workdir: str | Path | None = None,
+) -> Tokenizer:
     """Train a WordPiece tokenizer (``new_tokenizer()`` gives an untrained one) reproducibly.
 
     ``tokenizers``' WordPiece trainer gives the single-character continuation pieces (``##e``) their
@@ -154,9 +176,13 @@ def train_wordpiece(new_tokenizer, sentences: Iterable[str], specials: list[str]
         pieces = scan.pieces()
         while True:
             tok = new_tokenizer()
-            trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                                special_tokens=specials + pieces, show_progress=False,
-                                                continuing_subword_prefix=CONTINUATION)
+            trainer = trainers.WordPieceTrainer(
+                vocab_size=vocab_size,
+                min_frequency=min_frequency,
+                special_tokens=specials + pieces,
+                show_progress=False,
+                continuing_subword_prefix=CONTINUATION,
+            )
             tok.train([str(text)], trainer=trainer)
             missed = sorted(set(single_char_pieces(tok)) - set(pieces))
             if not missed:

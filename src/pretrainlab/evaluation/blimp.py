@@ -49,9 +49,9 @@ class BlimpDataError(ValueError):
 
 @dataclass(frozen=True)
 class Pair:
-    paradigm: str     # the release's UID (one file per paradigm)
+    paradigm: str  # the release's UID (one file per paradigm)
     field: str
-    phenomenon: str   # the release's linguistics_term
+    phenomenon: str  # the release's linguistics_term
     pair_id: int
     good: str
     bad: str
@@ -66,8 +66,14 @@ def _pair(row: dict, where: str) -> Pair:
     except (TypeError, ValueError):
         raise BlimpDataError(f"{where}: pairID {row['pairID']!r} is not a number.") from None
     field = str(row["field"]).replace("/", "_")  # principle_A_case_2 spells it syntax/semantics
-    return Pair(str(row["UID"]), field, str(row["linguistics_term"]), pair_id, str(row["sentence_good"]),
-                str(row["sentence_bad"]))
+    return Pair(
+        str(row["UID"]),
+        field,
+        str(row["linguistics_term"]),
+        pair_id,
+        str(row["sentence_good"]),
+        str(row["sentence_bad"]),
+    )
 
 
 def read_local(data_dir: str | Path) -> list[Pair]:
@@ -75,8 +81,10 @@ def read_local(data_dir: str | Path) -> list[Pair]:
     root = Path(os.path.expanduser(str(data_dir)))
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else []
     if not files:
-        raise FileNotFoundError(f"blimp.data_dir={data_dir}: no .jsonl files there. Point it at a folder of BLiMP's "
-                                f"paradigm files (<paradigm>.jsonl, as in the release's data/ folder).")
+        raise FileNotFoundError(
+            f"blimp.data_dir={data_dir}: no .jsonl files there. Point it at a folder of BLiMP's "
+            f"paradigm files (<paradigm>.jsonl, as in the release's data/ folder)."
+        )
     pairs = []
     for f in files:
         for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
@@ -85,8 +93,9 @@ def read_local(data_dir: str | Path) -> list[Pair]:
             try:
                 row = json.loads(line)
             except ValueError as e:
-                raise BlimpDataError(f"{f}, line {n}: not a JSON object ({e}); repair the file (or fetch it again).") \
-                    from None
+                raise BlimpDataError(
+                    f"{f}, line {n}: not a JSON object ({e}); repair the file (or fetch it again)."
+                ) from None
             pairs.append(_pair(row, f"{f}, line {n}"))
     return pairs
 
@@ -100,12 +109,16 @@ def read_hub(dataset: str = HUB_DATASET) -> list[Pair]:
 
     try:
         names = get_dataset_config_names(dataset)
-        pairs = [_pair(row, f"{dataset}/{name}") for name in sorted(names) for row in load_dataset(dataset, name,
-                                                                                                     split="train")]
+        pairs = [
+            _pair(row, f"{dataset}/{name}")
+            for name in sorted(names)
+            for row in load_dataset(dataset, name, split="train")
+        ]
     except Exception as e:  # noqa: BLE001 - offline, or no such dataset
-        raise ConnectionError(f"could not load BLiMP from the Hugging Face hub ({dataset}): {e}. Offline, point "
-                              f"blimp.data_dir at a folder of the 67 paradigm files, or use blimp.source=synthetic.") \
-            from e
+        raise ConnectionError(
+            f"could not load BLiMP from the Hugging Face hub ({dataset}): {e}. Offline, point "
+            f"blimp.data_dir at a folder of the 67 paradigm files, or use blimp.source=synthetic."
+        ) from e
     return pairs
 
 
@@ -161,7 +174,7 @@ class SyntheticPairs:
                     bad[len(good) - 1] = NOUN_NUMBER[not c.obj_pl]
                 elif name == "verb_object_order":
                     k = good.index(c.verb)
-                    bad = good[:k] + good[k + 2:] + [c.verb, VERB_AGREEMENT[c.subj_pl]]
+                    bad = good[:k] + good[k + 2 :] + [c.verb, VERB_AGREEMENT[c.subj_pl]]
                 elif name == "verb_as_argument":
                     bad = list(good)
                     bad[len(good) - 2] = w.verb(t, avoid=c.verb)
@@ -174,8 +187,16 @@ class SyntheticPairs:
                     bad = replace(c, obj=rng.choice(others)).words()
                 if good == bad:
                     continue
-                out[name].append({"sentence_good": render(good), "sentence_bad": render(bad), "field": field,
-                                  "linguistics_term": phenomenon, "UID": name, "pairID": str(len(out[name]))})
+                out[name].append(
+                    {
+                        "sentence_good": render(good),
+                        "sentence_bad": render(bad),
+                        "field": field,
+                        "linguistics_term": phenomenon,
+                        "UID": name,
+                        "pairID": str(len(out[name])),
+                    }
+                )
         return out
 
     def write(self, cache_dir: str | Path) -> Path:
@@ -194,12 +215,22 @@ class SyntheticPairs:
 def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
     """The local folder the pairs are read from (the synthetic ones are generated into the cache
     first); None for the hub."""
-    return local_root("blimp", source, data_dir, "folder of the paradigm .jsonl files",
-                      lambda: SyntheticPairs(**(synthetic or {})).write(cache_dir))
+    return local_root(
+        "blimp",
+        source,
+        data_dir,
+        "folder of the paradigm .jsonl files",
+        lambda: SyntheticPairs(**(synthetic or {})).write(cache_dir),
+    )
 
 
-def load_pairs(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None = None,
-               max_pairs: int | None = None) -> tuple[list[Pair], dict[str, str] | None]:
+def load_pairs(
+    source: str,
+    data_dir: str | None,
+    cache_dir: str | Path,
+    synthetic: dict | None = None,
+    max_pairs: int | None = None,
+) -> tuple[list[Pair], dict[str, str] | None]:
     """The pairs (the first ``max_pairs`` of each paradigm when set) and the sha256 of the files
     they were read from (None from the hub)."""
     root = data_root(source, data_dir, cache_dir, synthetic)
@@ -222,8 +253,10 @@ def encode(texts: list[str], tokenizer: Tokenizer, tokens: SpecialTokens, max_se
     for text, e in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=False)):
         ids = np.asarray([tokens.cls_id, *e.ids, tokens.sep_id], dtype=np.int64)
         if len(ids) > max_seq_len:
-            raise ValueError(f"the sentence {text[:60]!r} is {len(ids)} tokens long, more than task.max_seq_len="
-                             f"{max_seq_len}: raise it (up to the encoder's positions).")
+            raise ValueError(
+                f"the sentence {text[:60]!r} is {len(ids)} tokens long, more than task.max_seq_len="
+                f"{max_seq_len}: raise it (up to the encoder's positions)."
+            )
         out.append(ids)
     return out
 
@@ -238,7 +271,7 @@ def score(objective, encoder, sequences: list[np.ndarray], max_tokens: int, prog
     chunk = 4096
     with tqdm(total=len(sequences), desc="scoring sentences", unit="sent", disable=not progress) as bar:
         for start in range(0, len(order), chunk):
-            idx = order[start:start + chunk]
+            idx = order[start : start + chunk]
             scores[idx] = objective.sentence_scores(encoder, [sequences[i] for i in idx], max_tokens)
             bar.update(len(idx))
     return scores
@@ -247,18 +280,30 @@ def score(objective, encoder, sequences: list[np.ndarray], max_tokens: int, prog
 def breakdown(pairs: list[Pair], correct: np.ndarray) -> dict[str, dict[str, dict]]:
     """Accuracy and pair count per field, phenomenon and paradigm."""
     out: dict[str, dict[str, dict]] = {}
-    for level, key in (("field", lambda p: p.field), ("phenomenon", lambda p: p.phenomenon),
-                       ("paradigm", lambda p: p.paradigm)):
+    for level, key in (
+        ("field", lambda p: p.field),
+        ("phenomenon", lambda p: p.phenomenon),
+        ("paradigm", lambda p: p.paradigm),
+    ):
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(pairs):
             groups.setdefault(key(p), []).append(i)
-        out[level] = {name: {"accuracy": float(correct[idx].mean()), "pairs": len(idx)}
-                      for name, idx in sorted(groups.items())}
+        out[level] = {
+            name: {"accuracy": float(correct[idx].mean()), "pairs": len(idx)} for name, idx in sorted(groups.items())
+        }
     return out
 
 
-def evaluate(objective, encoder, tokenizer: Tokenizer, tokens: SpecialTokens, pairs: list[Pair], max_seq_len: int,
-             max_tokens: int = 8192, progress: bool = True) -> dict:
+def evaluate(
+    objective,
+    encoder,
+    tokenizer: Tokenizer,
+    tokens: SpecialTokens,
+    pairs: list[Pair],
+    max_seq_len: int,
+    max_tokens: int = 8192,
+    progress: bool = True,
+) -> dict:
     """Score every pair; the metrics, the breakdown and each pair's outcome (``items``: per
     paradigm, a string of 0/1 in the order of its pairs; ``paradigms``: each paradigm's field and
     phenomenon)."""
@@ -270,21 +315,40 @@ def evaluate(objective, encoder, tokenizer: Tokenizer, tokens: SpecialTokens, pa
     bad = encode([p.bad for p in pairs], tokenizer, tokens, max_seq_len)
     with torch.no_grad():
         scores = score(objective, encoder, good + bad, max_tokens, progress)
-    g, b = scores[: len(pairs)], scores[len(pairs):]
+    g, b = scores[: len(pairs)], scores[len(pairs) :]
     correct = g > b
     items: dict[str, list[str]] = {}
     for p, c in zip(pairs, correct):
         items.setdefault(p.paradigm, []).append("1" if c else "0")
     seconds = time.perf_counter() - t0
     groups = {p.paradigm: [p.field, p.phenomenon] for p in pairs}
-    return {"metrics": {"accuracy": float(correct.mean())}, "breakdown": breakdown(pairs, correct),
-            "items": {k: "".join(v) for k, v in items.items()}, "paradigms": groups, "pairs": len(pairs),
-            "ties": int((g == b).sum()),
-            "sentences_per_s": round(2 * len(pairs) / seconds, 1), "scoring_s": round(seconds, 2)}
+    return {
+        "metrics": {"accuracy": float(correct.mean())},
+        "breakdown": breakdown(pairs, correct),
+        "items": {k: "".join(v) for k, v in items.items()},
+        "paradigms": groups,
+        "pairs": len(pairs),
+        "ties": int((g == b).sum()),
+        "sentences_per_s": round(2 * len(pairs) / seconds, 1),
+        "scoring_s": round(seconds, 2),
+    }
 
 
-__all__ = ["BlimpDataError", "Pair", "SYNTHETIC_PARADIGMS", "SyntheticPairs", "breakdown", "data_root", "encode", "run_task",
-           "evaluate", "load_pairs", "read_hub", "read_local", "score"]
+__all__ = [
+    "BlimpDataError",
+    "Pair",
+    "SYNTHETIC_PARADIGMS",
+    "SyntheticPairs",
+    "breakdown",
+    "data_root",
+    "encode",
+    "run_task",
+    "evaluate",
+    "load_pairs",
+    "read_hub",
+    "read_local",
+    "score",
+]
 
 
 def run_task(cfg, model) -> dict:
@@ -298,8 +362,10 @@ def run_task(cfg, model) -> dict:
     from pretrainlab.runtime.devices import inference_autocast, inference_device
 
     if str(cfg.pretrained).startswith("hf:"):
-        raise ConfigError(f"task=blimp scores sentences with the pretraining objective's own heads, and "
-                          f"pretrained={cfg.pretrained} is imported without them: evaluate a pretrainlab encoder.")
+        raise ConfigError(
+            f"task=blimp scores sentences with the pretraining objective's own heads, and "
+            f"pretrained={cfg.pretrained} is imported without them: evaluate a pretrainlab encoder."
+        )
     torch.manual_seed(cfg.seed)  # the scratch baseline's heads
     objective = load_objective(cfg.pretrained, model.encoder, model.tokens, weights=cfg.init != "scratch")
     b = cfg.blimp
@@ -308,10 +374,23 @@ def run_task(cfg, model) -> dict:
     device = inference_device(cfg)
     encoder = model.encoder.to(device)
     objective.to(device)
-    log.info("blimp: %d pairs in %d paradigms, scored by %s on %s", len(pairs), len({p.paradigm for p in pairs}),
-             type(objective).__name__, device)
+    log.info(
+        "blimp: %d pairs in %d paradigms, scored by %s on %s",
+        len(pairs),
+        len({p.paradigm for p in pairs}),
+        type(objective).__name__,
+        device,
+    )
     with inference_autocast(cfg, device):
-        out = evaluate(objective, encoder, model.tokenizer, model.tokens, pairs, cfg.task.max_seq_len,
-                       cfg.task.get("max_tokens", 8192), progress=bool(cfg.trainer.get("enable_progress_bar", True)))
+        out = evaluate(
+            objective,
+            encoder,
+            model.tokenizer,
+            model.tokens,
+            pairs,
+            cfg.task.max_seq_len,
+            cfg.task.get("max_tokens", 8192),
+            progress=bool(cfg.trainer.get("enable_progress_bar", True)),
+        )
     log.info("blimp: %.1f sentences/s (%.0fs)", out["sentences_per_s"], out["scoring_s"])
     return {**out, "eval_examples": {"pairs": len(pairs)}, "data": {"source": b.source, "files": digests}}

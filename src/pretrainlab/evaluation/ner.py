@@ -64,8 +64,10 @@ def read_conll(path: str | Path, complete: bool = False) -> list[Sentence]:
                 continue
             if len(fields) < 2:
                 if complete:
-                    raise ConllDataError(f"{path}, line {n}: {len(fields)} field(s); a CoNLL line is 'word ... tag'. "
-                                         f"An evaluation file is read completely or not at all; repair the file.")
+                    raise ConllDataError(
+                        f"{path}, line {n}: {len(fields)} field(s); a CoNLL line is 'word ... tag'. "
+                        f"An evaluation file is read completely or not at all; repair the file."
+                    )
                 skipped.append(n)
                 continue
             tag = fields[-1]
@@ -154,8 +156,10 @@ def split_files(root: Path) -> dict[str, Path]:
     for split, names in SPLIT_FILES.items():
         path = next((root / n for n in names if (root / n).is_file()), None)
         if path is None:
-            raise FileNotFoundError(f"ner.data_dir={root}: no {' or '.join(names)}. It must be a CoNLL-2003 directory "
-                                    f"(train.txt and dev.txt, or eng.train and eng.testa).")
+            raise FileNotFoundError(
+                f"ner.data_dir={root}: no {' or '.join(names)}. It must be a CoNLL-2003 directory "
+                f"(train.txt and dev.txt, or eng.train and eng.testa)."
+            )
         found[split] = path
     return found
 
@@ -175,23 +179,33 @@ def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Sentence]]:
     try:
         ds = load_dataset(dataset)
     except Exception as e:  # noqa: BLE001 - offline, or no such dataset
-        raise ConnectionError(f"could not load CoNLL-2003 from the Hugging Face hub ({dataset}): {e}. Offline, point "
-                              f"ner.data_dir at a CoNLL-2003 directory, or use ner.source=synthetic.") from e
+        raise ConnectionError(
+            f"could not load CoNLL-2003 from the Hugging Face hub ({dataset}): {e}. Offline, point "
+            f"ner.data_dir at a CoNLL-2003 directory, or use ner.source=synthetic."
+        ) from e
     names = ds["train"].features["ner_tags"].feature.names
-    return {split: [(list(r["tokens"]), [names[t] for t in r["ner_tags"]]) for r in ds[name] if r["tokens"]]
-            for split, name in (("train", "train"), ("validation", "validation"))}
+    return {
+        split: [(list(r["tokens"]), [names[t] for t in r["ner_tags"]]) for r in ds[name] if r["tokens"]]
+        for split, name in (("train", "train"), ("validation", "validation"))
+    }
 
 
 def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
     """The CoNLL-2003 directory the sentences are read from (the synthetic task is generated into the
     cache first); None for the hub."""
-    return local_root("ner", source, data_dir, "CoNLL-2003 directory",
-                      lambda: SyntheticNer(**(synthetic or {})).write(cache_dir))
+    return local_root(
+        "ner", source, data_dir, "CoNLL-2003 directory", lambda: SyntheticNer(**(synthetic or {})).write(cache_dir)
+    )
 
 
-def load(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None = None,
-         max_train: int | None = None, max_eval: int | None = None
-         ) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
+def load(
+    source: str,
+    data_dir: str | None,
+    cache_dir: str | Path,
+    synthetic: dict | None = None,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
     """Train and dev sentences (the first ``max_train`` / ``max_eval`` when set) and the sha256 of
     the files they were read from (None from the hub)."""
     root = data_root(source, data_dir, cache_dir, synthetic)
@@ -248,8 +262,9 @@ class SyntheticNer:
             entity = f"I-{TYPES[t % len(TYPES)]}"
             for word in c.words():
                 words.append(word)
-                tags.append(entity if word in (c.subj, c.obj, c.subj_adj, c.obj_adj) or (c.prep and word == c.prep[1])
-                            else "O")
+                tags.append(
+                    entity if word in (c.subj, c.obj, c.subj_adj, c.obj_adj) or (c.prep and word == c.prep[1]) else "O"
+                )
             words[0] = words[0][:1].upper() + words[0][1:]
             out.append((words + ["."], tags + ["O"]))
         return out
@@ -271,5 +286,18 @@ class SyntheticNer:
         return atomic.build_dir(final, build, replace=False)
 
 
-__all__ = ["ConllDataError", "Sentence", "SyntheticNer", "TYPES", "chunks", "data_root", "load", "read_conll",
-           "read_hub", "read_local", "scores", "split_files", "to_iob2"]
+__all__ = [
+    "ConllDataError",
+    "Sentence",
+    "SyntheticNer",
+    "TYPES",
+    "chunks",
+    "data_root",
+    "load",
+    "read_conll",
+    "read_hub",
+    "read_local",
+    "scores",
+    "split_files",
+    "to_iob2",
+]

@@ -51,29 +51,31 @@ def word_features(encoder: Encoder, encoded, pad_id: int, batch_size: int, devic
     out = None
     order = sorted(range(len(encoded)), key=lambda i: len(encoded.ids[i]))
     for k in range(0, len(order), batch_size):
-        idx = order[k:k + batch_size]
+        idx = order[k : k + batch_size]
         batch = collate_words([(i, encoded.ids[i], encoded.labels[i]) for i in idx], pad_id=pad_id)
-        layers = encoder(batch["input_ids"].to(device), None, batch["attention_mask"].to(device),
-                         all_layers=True).layers
+        layers = encoder(
+            batch["input_ids"].to(device), None, batch["attention_mask"].to(device), all_layers=True
+        ).layers
         stacked = torch.stack(layers, dim=2).float().cpu()  # (batch, seq, layers, hidden)
         if out is None:
             out = np.zeros((n_words, stacked.shape[2], stacked.shape[3]), dtype=np.float16)
         for row, i in enumerate(idx):
             first = start_of[encoded.sentence[i]] + encoded.offset[i]
-            out[first:first + len(encoded.firsts[i])] = stacked[row, encoded.firsts[i]].numpy()
+            out[first : first + len(encoded.firsts[i])] = stacked[row, encoded.firsts[i]].numpy()
     return out
 
 
 @torch.no_grad()
-def sentence_features(encoder: Encoder, ids: list[np.ndarray], special: set[int], batch_size: int,
-                      device: torch.device) -> np.ndarray:
+def sentence_features(
+    encoder: Encoder, ids: list[np.ndarray], special: set[int], batch_size: int, device: torch.device
+) -> np.ndarray:
     """(sentences, layers + 1, hidden) float16: the mean of every layer's output over each
     sentence's tokens ([CLS], [SEP] and padding left out)."""
     out = None
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     special_ids = torch.tensor(sorted(special))
     for k in range(0, len(order), batch_size):
-        idx = order[k:k + batch_size]
+        idx = order[k : k + batch_size]
         width = max(len(ids[i]) for i in idx)
         x = torch.zeros((len(idx), width), dtype=torch.long)
         for row, i in enumerate(idx):
@@ -94,7 +96,11 @@ def sentence_features(encoder: Encoder, ids: list[np.ndarray], special: set[int]
 
 def cached(cache_dir: str | Path, key: dict, compute) -> dict[str, np.ndarray]:
     """``compute()`` (a dict of arrays), stored once in ``<cache_dir>/probe-features/<hash of key>.npz``."""
-    path = Path(os.path.expanduser(str(cache_dir))) / "probe-features" / f"{fingerprint({**key, 'v': FEATURES_VERSION})}.npz"
+    path = (
+        Path(os.path.expanduser(str(cache_dir)))
+        / "probe-features"
+        / f"{fingerprint({**key, 'v': FEATURES_VERSION})}.npz"
+    )
     if path.is_file():
         with np.load(path) as f:
             return {k: f[k] for k in f.files}
@@ -124,14 +130,23 @@ class Probe(nn.Module):
         return self.linear(x)
 
 
-def fit_probe(probe: Probe, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, batch_size: int,
-              weight_decay: float, seed: int) -> Probe:
+def fit_probe(
+    probe: Probe,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    weight_decay: float,
+    seed: int,
+) -> Probe:
     gen = torch.Generator().manual_seed(seed)
     # the mix's two scalars get a larger step: with the linear layer's, they barely leave the uniform
     # mix in the few epochs a probe trains, and a mix that stays an average is worse than its best layer
     scalars = [p for p in (probe.weights, probe.scale) if p is not None]
-    groups = [{"params": list(probe.linear.parameters())}] + ([{"params": scalars, "lr": lr * MIX_LR_SCALE,
-                                                                 "weight_decay": 0.0}] if scalars else [])
+    groups = [{"params": list(probe.linear.parameters())}] + (
+        [{"params": scalars, "lr": lr * MIX_LR_SCALE, "weight_decay": 0.0}] if scalars else []
+    )
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     steps = epochs * -(-len(x) // batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))
@@ -147,11 +162,12 @@ def fit_probe(probe: Probe, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: f
 
 @torch.no_grad()
 def predict(probe: Probe, x: torch.Tensor, batch_size: int = 8192) -> np.ndarray:
-    return torch.cat([probe(x[k:k + batch_size]).argmax(-1) for k in range(0, len(x), batch_size)]).numpy()
+    return torch.cat([probe(x[k : k + batch_size]).argmax(-1) for k in range(0, len(x), batch_size)]).numpy()
 
 
-def probe_all(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, classes: int, score, task_cfg,
-              seed: int) -> dict:
+def probe_all(
+    train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, classes: int, score, task_cfg, seed: int
+) -> dict:
     """Fit the probes of every layer, the last four and the scalar mix; ``score(predictions)`` of
     each on the dev features. Returns {"probes": {name: score}, "mix_weights": [...]}."""
     mean = train_x.astype(np.float32).mean(0, keepdims=True)
@@ -166,8 +182,16 @@ def probe_all(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, class
     out: dict = {"probes": {}}
     for name, (layers, mix) in configs.items():
         torch.manual_seed(seed)
-        probe = fit_probe(Probe(layers, hidden, classes, mix), xt, y, task_cfg.epochs, task_cfg.lr,
-                          task_cfg.batch_size, task_cfg.weight_decay, seed)
+        probe = fit_probe(
+            Probe(layers, hidden, classes, mix),
+            xt,
+            y,
+            task_cfg.epochs,
+            task_cfg.lr,
+            task_cfg.batch_size,
+            task_cfg.weight_decay,
+            seed,
+        )
         out["probes"][name] = score(predict(probe, xd))
         if mix:
             out["mix_weights"] = [round(float(w), 4) for w in torch.softmax(probe.weights.detach(), 0)]
@@ -185,9 +209,14 @@ def run_task(cfg, model) -> dict:
     t0 = time.time()
     device = inference_device(cfg)
     encoder = model.encoder.to(device).eval()
-    identity = {"encoder": model.source.get("encoder_id"), "init": cfg.init, "seed": cfg.seed if cfg.init == "scratch"
-                else None, "task": cfg.task.name, "max_seq_len": cfg.task.max_seq_len,
-                "max_train": cfg.task.get("max_train_examples")}
+    identity = {
+        "encoder": model.source.get("encoder_id"),
+        "init": cfg.init,
+        "seed": cfg.seed if cfg.init == "scratch" else None,
+        "task": cfg.task.name,
+        "max_seq_len": cfg.task.max_seq_len,
+        "max_train": cfg.task.get("max_train_examples"),
+    }
     batch = 64
     if cfg.task.name == "probe_ner":
         from pretrainlab.evaluation import ner
@@ -196,7 +225,9 @@ def run_task(cfg, model) -> dict:
         n = cfg.ner
         synthetic = OmegaConf.to_container(n.synthetic, resolve=True) if n.get("synthetic") else None
         max_train = min(x for x in (cfg.task.get("max_train_examples"), n.get("max_train_examples"), 10**12) if x)
-        splits, digests = ner.load(n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples"))
+        splits, digests = ner.load(
+            n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples")
+        )
         labels = label_set(splits["train"])
         label_ids = {label: i for i, label in enumerate(labels)}
         train_y = np.asarray([label_ids[t] for _, tags in splits["train"] for t in ner.to_iob2(tags)])
@@ -204,15 +235,21 @@ def run_task(cfg, model) -> dict:
 
         def compute() -> dict[str, np.ndarray]:
             with inference_autocast(cfg, device):
-                return {split: word_features(encoder, encode_words(splits[split], model.tokenizer, model.tokens,
-                                                                   cfg.task.max_seq_len), model.tokens.pad_id,
-                                                     batch, device)
-                        for split in ("train", "validation")}
+                return {
+                    split: word_features(
+                        encoder,
+                        encode_words(splits[split], model.tokenizer, model.tokens, cfg.task.max_seq_len),
+                        model.tokens.pad_id,
+                        batch,
+                        device,
+                    )
+                    for split in ("train", "validation")
+                }
 
         def score(pred: np.ndarray) -> float:
             tags, k = [], 0
             for words, _ in splits["validation"]:
-                tags.append([labels[int(p)] for p in pred[k:k + len(words)]])
+                tags.append([labels[int(p)] for p in pred[k : k + len(words)]])
                 k += len(words)
             return ner.scores(gold, tags)["f1"]
 
@@ -235,9 +272,16 @@ def run_task(cfg, model) -> dict:
 
         def compute() -> dict[str, np.ndarray]:
             with inference_autocast(cfg, device):
-                return {name: sentence_features(encoder, encode(split, model.tokenizer, model.tokens,
-                                                                cfg.task.max_seq_len).ids, special, batch, device)
-                        for name, split in (("train", train), ("validation", dev))}
+                return {
+                    name: sentence_features(
+                        encoder,
+                        encode(split, model.tokenizer, model.tokens, cfg.task.max_seq_len).ids,
+                        special,
+                        batch,
+                        device,
+                    )
+                    for name, split in (("train", train), ("validation", dev))
+                }
 
         def score(pred: np.ndarray) -> float:
             return accuracy(pred, dev_y)
@@ -247,11 +291,22 @@ def run_task(cfg, model) -> dict:
     features = cached(cfg.cache_dir, {**identity, "data": digests or source}, compute)
     t1 = time.time()
     out = probe_all(features["train"], train_y, features["validation"], classes, score, cfg.task, cfg.seed)
-    log.info("%s: features %s in %.1fs, %d probes fitted in %.1fs; %s", cfg.task.name,
-             "x".join(map(str, features["train"].shape)), t1 - t0, len(out["probes"]), time.time() - t1,
-             ", ".join(f"{k} {v:.3f}" for k, v in out["probes"].items()))
-    return {"metrics": {metric: out["probes"]["last4"]}, **out, "train_examples": train_n,
-            "eval_examples": {"validation": eval_n}, "data": {"source": source, "files": digests}}
+    log.info(
+        "%s: features %s in %.1fs, %d probes fitted in %.1fs; %s",
+        cfg.task.name,
+        "x".join(map(str, features["train"].shape)),
+        t1 - t0,
+        len(out["probes"]),
+        time.time() - t1,
+        ", ".join(f"{k} {v:.3f}" for k, v in out["probes"].items()),
+    )
+    return {
+        "metrics": {metric: out["probes"]["last4"]},
+        **out,
+        "train_examples": train_n,
+        "eval_examples": {"validation": eval_n},
+        "data": {"source": source, "files": digests},
+    }
 
 
 __all__ = ["Probe", "cached", "fit_probe", "predict", "probe_all", "run_task", "sentence_features", "word_features"]

@@ -41,8 +41,10 @@ def blimp_table(results: list[dict], rows: dict[str, str], encoder_id, level: fl
                 groups[lv][name].append(uid)
         for lv in LEVELS:
             for name, uids in groups[lv].items():
-                outcomes = {i: np.frombuffer("".join(r["items"][u] for u in uids).encode(), dtype=np.uint8) - 48
-                            for i, r in enumerate(rs)}
+                outcomes = {
+                    i: np.frombuffer("".join(r["items"][u] for u in uids).encode(), dtype=np.uint8) - 48
+                    for i, r in enumerate(rs)
+                }
                 s = stats.summarize_items(outcomes, level, samples=1000, rng=rng)
                 out[lv][name][row] = {"accuracy": s.mean, "ci": s.ci, "pairs": len(next(iter(outcomes.values())))}
     return {lv: dict(groups) for lv, groups in out.items()}
@@ -56,14 +58,21 @@ def blimp_markdown(table: dict, levels: tuple[str, ...] = LEVELS) -> str:
     parts = []
     for lv in levels:
         groups = table[lv]
-        lines = [f"BLiMP by {lv} (accuracy x 100, 95% interval over pairs)", "",
-                 f"| {lv} | pairs | " + " | ".join(rows) + " |", "|" + "---|" * (len(rows) + 2)]
+        lines = [
+            f"BLiMP by {lv} (accuracy x 100, 95% interval over pairs)",
+            "",
+            f"| {lv} | pairs | " + " | ".join(rows) + " |",
+            "|" + "---|" * (len(rows) + 2),
+        ]
         for name, by_row in sorted(groups.items()):
             cells = []
             for row in rows:
                 c = by_row.get(row)
-                cells.append("–" if c is None else f"{c['accuracy']:.1f}" + (
-                    f" ({c['ci'][0]:.1f}, {c['ci'][1]:.1f})" if c["ci"] else ""))
+                cells.append(
+                    "–"
+                    if c is None
+                    else f"{c['accuracy']:.1f}" + (f" ({c['ci'][0]:.1f}, {c['ci'][1]:.1f})" if c["ci"] else "")
+                )
             pairs = next(iter(by_row.values()))["pairs"]
             lines.append(f"| {name} | {pairs} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
@@ -82,9 +91,11 @@ def probe_table(results: list[dict], rows: dict[str, str], encoder_id) -> dict:
         for row, rs in sorted(by_row.items()):
             names = list(rs[0]["probes"])
             weights = [r["mix_weights"] for r in rs if r.get("mix_weights")]
-            out[task][row] = {"probes": {n: 100.0 * float(np.mean([r["probes"][n] for r in rs])) for n in names},
-                              "mix_weights": [float(w) for w in np.mean(weights, axis=0)] if weights else None,
-                              "runs": len(rs)}
+            out[task][row] = {
+                "probes": {n: 100.0 * float(np.mean([r["probes"][n] for r in rs])) for n in names},
+                "mix_weights": [float(w) for w in np.mean(weights, axis=0)] if weights else None,
+                "runs": len(rs),
+            }
     return out
 
 
@@ -93,10 +104,13 @@ def probe_markdown(table: dict) -> str:
     parts = []
     for task, by_row in table.items():
         names = list(next(iter(by_row.values()))["probes"])
-        lines = [f"{display_name(task)}: frozen-feature probes (dev score x 100, mean over encoders and seeds; "
-                 f"layer 0 = embeddings; the task's score is last4)", "",
-                 "| encoder | " + " | ".join(n.replace("layer_", "L") for n in names) + " | mix weights |",
-                 "|" + "---|" * (len(names) + 2)]
+        lines = [
+            f"{display_name(task)}: frozen-feature probes (dev score x 100, mean over encoders and seeds; "
+            f"layer 0 = embeddings; the task's score is last4)",
+            "",
+            "| encoder | " + " | ".join(n.replace("layer_", "L") for n in names) + " | mix weights |",
+            "|" + "---|" * (len(names) + 2),
+        ]
         for row, t in by_row.items():
             weights = " ".join(f"{w:.2f}" for w in t["mix_weights"]) if t["mix_weights"] else "–"
             lines.append(f"| {row} | " + " | ".join(f"{t['probes'][n]:.1f}" for n in names) + f" | {weights} |")

@@ -33,21 +33,27 @@ class EncodedWords:
 
     ids: list[np.ndarray]
     firsts: list[np.ndarray]
-    labels: list[np.ndarray]       # one per sub-word: the word's label at its first sub-word, IGNORE elsewhere
-    sentence: np.ndarray           # the sentence each piece comes from
-    offset: np.ndarray             # the index, in its sentence, of each piece's first word
-    words: list[int]               # words per sentence
+    labels: list[np.ndarray]  # one per sub-word: the word's label at its first sub-word, IGNORE elsewhere
+    sentence: np.ndarray  # the sentence each piece comes from
+    offset: np.ndarray  # the index, in its sentence, of each piece's first word
+    words: list[int]  # words per sentence
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
-def encode_words(sentences: list[Sentence], tokenizer: Tokenizer, tokens: SpecialTokens, max_seq_len: int,
-                 label_ids: dict[str, int] | None = None) -> EncodedWords:
+def encode_words(
+    sentences: list[Sentence],
+    tokenizer: Tokenizer,
+    tokens: SpecialTokens,
+    max_seq_len: int,
+    label_ids: dict[str, int] | None = None,
+) -> EncodedWords:
     """Encode ``sentences`` (IOB2 labels from ``label_ids`` when given; a tag it lacks is IGNORE)."""
     budget = max_seq_len - 2
-    encodings = tokenizer.encode_batch([words for words, _ in sentences], is_pretokenized=True,
-                                       add_special_tokens=False)
+    encodings = tokenizer.encode_batch(
+        [words for words, _ in sentences], is_pretokenized=True, add_special_tokens=False
+    )
     ids, firsts, labels, sentence, offset = [], [], [], [], []
     for s, ((words, tags), e) in enumerate(zip(sentences, encodings)):
         tags2 = to_iob2(tags)
@@ -97,8 +103,12 @@ def collate_words(items: list, pad_id: int, length: int | None = None, multiple:
     for row, (_, x, y) in enumerate(items):
         ids[row, : len(x)] = torch.from_numpy(x)
         labels[row, : len(y)] = torch.from_numpy(y)
-    return {"input_ids": ids, "attention_mask": ids != pad_id, "labels": labels,
-            "index": torch.as_tensor([x[0] for x in items], dtype=torch.long)}
+    return {
+        "input_ids": ids,
+        "attention_mask": ids != pad_id,
+        "labels": labels,
+        "index": torch.as_tensor([x[0] for x in items], dtype=torch.long),
+    }
 
 
 class WordsDataset(torch.utils.data.Dataset):
@@ -126,8 +136,17 @@ class TokenTagger(Trainable):
     """The encoder + dropout + a linear layer per sub-word; trained with cross-entropy on the first
     sub-word of each word, scored by entity F1 on the dev sentences (``gold``) after every epoch."""
 
-    def __init__(self, encoder: Encoder, labels: list[str], optim: OptimConfig, total_steps: int, dev: EncodedWords,
-                 gold: list[list[str]], classifier_dropout: float = 0.1, compile: dict | None = None):
+    def __init__(
+        self,
+        encoder: Encoder,
+        labels: list[str],
+        optim: OptimConfig,
+        total_steps: int,
+        dev: EncodedWords,
+        gold: list[list[str]],
+        classifier_dropout: float = 0.1,
+        compile: dict | None = None,
+    ):
         super().__init__(encoder, optim, total_steps, compile)
         self.labels, self.dev, self.gold = labels, dev, gold
         self.dropout = nn.Dropout(classifier_dropout)

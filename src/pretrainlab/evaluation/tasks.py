@@ -21,9 +21,9 @@ from pretrainlab.glue.tasks import TASKS as GLUE_TASKS
 class Evaluation:
     name: str
     display: str
-    kind: str                  # glue | ner | blimp | probe
-    metrics: tuple[str, ...]   # the keys of its results' metrics, in order
-    data: str                  # the config block of its data settings
+    kind: str  # glue | ner | blimp | probe
+    metrics: tuple[str, ...]  # the keys of its results' metrics, in order
+    data: str  # the config block of its data settings
     seeded: bool = True
 
     @property
@@ -58,9 +58,6 @@ def is_glue(name: str) -> bool:
     return name in EVALUATIONS and EVALUATIONS[name].kind == "glue"
 
 
-
-
-
 def data_digests(name: str, cfg) -> dict[str, str] | None:
     """The sha256 of the local files task ``name`` reads under the fine-tuning config ``cfg`` (the
     synthetic ones generated into the cache first), without parsing them; None from the hub. A
@@ -76,8 +73,9 @@ def data_digests(name: str, cfg) -> dict[str, str] | None:
         from pretrainlab.glue.data import data_digests as glue_digests
         from pretrainlab.glue.tasks import get_task
 
-        return glue_digests(get_task(name.removeprefix("probe_")), block.source, block.data_dir, cfg.cache_dir,
-                            synthetic)
+        return glue_digests(
+            get_task(name.removeprefix("probe_")), block.source, block.data_dir, cfg.cache_dir, synthetic
+        )
     if task.data == "ner":
         from pretrainlab.evaluation.ner import data_root, split_files
 
@@ -87,4 +85,6 @@ def data_digests(name: str, cfg) -> dict[str, str] | None:
 
     root = data_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
     return None if root is None else {f.name: file_digest(f) for f in sorted(root.glob("*.jsonl"))}
+
+
 __all__ = ["EVALUATIONS", "Evaluation", "ORDER", "data_digests", "display_name", "get", "is_glue"]

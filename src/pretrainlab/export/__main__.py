@@ -11,11 +11,15 @@ from pretrainlab.export.native import ExportError, export_native
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pretrainlab.export", description=(
-        "Export a pretrained encoder: --format hf writes a transformers directory (AutoModel.from_pretrained); "
-        "--format native copies the pretrainlab export. The output directory is written in one rename; an earlier "
-        "export of the same format there is replaced, any other non-empty directory is refused (--force replaces "
-        "it). The working directory and the source are never replaced."))
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrainlab.export",
+        description=(
+            "Export a pretrained encoder: --format hf writes a transformers directory (AutoModel.from_pretrained); "
+            "--format native copies the pretrainlab export. The output directory is written in one rename; an earlier "
+            "export of the same format there is replaced, any other non-empty directory is refused (--force replaces "
+            "it). The working directory and the source are never replaced."
+        ),
+    )
     parser.add_argument("source", help="a pretraining run directory or its encoder/ export")
     parser.add_argument("out", help="the directory to write")
     parser.add_argument("--format", choices=["hf", "native"], default="hf")

@@ -45,8 +45,10 @@ def architecture(cfg: EncoderConfig, preferred: str | None = None) -> str:
     ``hf_model_type``) where it can hold the encoder, else BERT, or ALBERT for shared layers or
     factorised embeddings."""
     if cfg.pre_layer_norm:
-        raise HFFormatError("pre-LN encoders (model.pre_layer_norm=true) have no transformers equivalent among "
-                            "BERT, ALBERT and ELECTRA (all post-LN); export them with the native format.")
+        raise HFFormatError(
+            "pre-LN encoders (model.pre_layer_norm=true) have no transformers equivalent among "
+            "BERT, ALBERT and ELECTRA (all post-LN); export them with the native format."
+        )
     if preferred == "electra" and not cfg.share_layers:  # ELECTRA has no shared layers
         return "electra"
     if cfg.share_layers or cfg.embedding_size != cfg.hidden_size:
@@ -59,23 +61,42 @@ def _layer_map(prefix: str, i: int, arch: str) -> dict[str, str]:
     """our layer parameter -> HF name (without weight/bias); qkv is split separately."""
     if arch == "albert":
         p = f"{prefix}encoder.albert_layer_groups.{i}.albert_layers.0."
-        return {"attention.out": p + "attention.dense", "attention_norm": p + "attention.LayerNorm",
-                "ffn_in": p + "ffn", "ffn_out": p + "ffn_output", "ffn_norm": p + "full_layer_layer_norm",
-                "q": p + "attention.query", "k": p + "attention.key", "v": p + "attention.value"}
+        return {
+            "attention.out": p + "attention.dense",
+            "attention_norm": p + "attention.LayerNorm",
+            "ffn_in": p + "ffn",
+            "ffn_out": p + "ffn_output",
+            "ffn_norm": p + "full_layer_layer_norm",
+            "q": p + "attention.query",
+            "k": p + "attention.key",
+            "v": p + "attention.value",
+        }
     p = f"{prefix}encoder.layer.{i}."
-    return {"attention.out": p + "attention.output.dense", "attention_norm": p + "attention.output.LayerNorm",
-            "ffn_in": p + "intermediate.dense", "ffn_out": p + "output.dense", "ffn_norm": p + "output.LayerNorm",
-            "q": p + "attention.self.query", "k": p + "attention.self.key", "v": p + "attention.self.value"}
+    return {
+        "attention.out": p + "attention.output.dense",
+        "attention_norm": p + "attention.output.LayerNorm",
+        "ffn_in": p + "intermediate.dense",
+        "ffn_out": p + "output.dense",
+        "ffn_norm": p + "output.LayerNorm",
+        "q": p + "attention.self.query",
+        "k": p + "attention.self.key",
+        "v": p + "attention.self.value",
+    }
 
 
 def _pairs(cfg: EncoderConfig, arch: str, prefix: str) -> list[tuple[str, str]]:
     """(our name, HF name) for every tensor but the fused qkv."""
-    out = [(f"embeddings.{n}.weight", f"{prefix}embeddings.{n}.weight")
-           for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+    out = [
+        (f"embeddings.{n}.weight", f"{prefix}embeddings.{n}.weight")
+        for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    ]
     out += [(f"embeddings.norm.{w}", f"{prefix}embeddings.LayerNorm.{w}") for w in ("weight", "bias")]
     if cfg.embedding_size != cfg.hidden_size or arch == "albert":
-        proj = {"albert": f"{prefix}encoder.embedding_hidden_mapping_in", "electra": f"{prefix}embeddings_project",
-                "bert": None}[arch]
+        proj = {
+            "albert": f"{prefix}encoder.embedding_hidden_mapping_in",
+            "electra": f"{prefix}embeddings_project",
+            "bert": None,
+        }[arch]
         if proj is None:
             raise HFFormatError("BERT has no embedding projection.")
         out += [(f"embedding_projection.{w}", f"{proj}.{w}") for w in ("weight", "bias")]
@@ -104,7 +125,7 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: EncoderConfig, arch: str, p
         for w in ("weight", "bias"):
             qkv = state[f"layers.{i}.attention.qkv.{w}"]
             for j, name in enumerate("qkv"):
-                hf[f"{m[name]}.{w}"] = qkv[j * h:(j + 1) * h].contiguous()
+                hf[f"{m[name]}.{w}"] = qkv[j * h : (j + 1) * h].contiguous()
     return hf
 
 
@@ -128,17 +149,30 @@ def from_hf_state(hf: dict[str, torch.Tensor], cfg: EncoderConfig, arch: str) ->
 
 # --- configs -----------------------------------------------------------------------------------------
 def hf_config(cfg: EncoderConfig, arch: str, architectures: list[str], pad_id: int) -> dict:
-    c = {"model_type": arch, "architectures": architectures, "vocab_size": cfg.vocab_size,
-         "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-         "intermediate_size": cfg.intermediate_size, "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout,
-         "attention_probs_dropout_prob": cfg.attention_dropout, "max_position_embeddings": cfg.max_position_embeddings,
-         "type_vocab_size": cfg.type_vocab_size, "initializer_range": cfg.initializer_range,
-         "layer_norm_eps": cfg.layer_norm_eps, "pad_token_id": pad_id, "position_embedding_type": "absolute"}
+    c = {
+        "model_type": arch,
+        "architectures": architectures,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.hidden_dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.initializer_range,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "pad_token_id": pad_id,
+        "position_embedding_type": "absolute",
+    }
     if arch in ("albert", "electra"):
         c["embedding_size"] = cfg.embedding_size
     if arch == "albert":
-        c.update(num_hidden_groups=1 if cfg.share_layers else cfg.num_layers, inner_group_num=1,
-                 classifier_dropout_prob=0.1)
+        c.update(
+            num_hidden_groups=1 if cfg.share_layers else cfg.num_layers, inner_group_num=1, classifier_dropout_prob=0.1
+        )
     return c
 
 
@@ -154,12 +188,19 @@ def encoder_config_from_hf(c: dict) -> tuple[EncoderConfig, str]:
         raise HFFormatError("ALBERT with layer groups other than 1 or one per layer is not supported.")
     share = arch == "albert" and c.get("num_hidden_groups", 1) == 1 and c["num_hidden_layers"] > 1
     cfg = EncoderConfig(
-        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"],
-        num_heads=c["num_attention_heads"], intermediate_size=c["intermediate_size"],
-        max_position_embeddings=c["max_position_embeddings"], type_vocab_size=c.get("type_vocab_size", 2),
-        embedding_size=c.get("embedding_size") or c["hidden_size"], share_layers=share,
-        hidden_dropout=c.get("hidden_dropout_prob", 0.1), attention_dropout=c.get("attention_probs_dropout_prob", 0.1),
-        layer_norm_eps=c.get("layer_norm_eps", 1e-12), add_pooler=arch != "electra",
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"],
+        intermediate_size=c["intermediate_size"],
+        max_position_embeddings=c["max_position_embeddings"],
+        type_vocab_size=c.get("type_vocab_size", 2),
+        embedding_size=c.get("embedding_size") or c["hidden_size"],
+        share_layers=share,
+        hidden_dropout=c.get("hidden_dropout_prob", 0.1),
+        attention_dropout=c.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=c.get("layer_norm_eps", 1e-12),
+        add_pooler=arch != "electra",
         initializer_range=c.get("initializer_range", 0.02),
     )
     return cfg, arch
@@ -168,9 +209,13 @@ def encoder_config_from_hf(c: dict) -> tuple[EncoderConfig, str]:
 # --- tokenizer files ---------------------------------------------------------------------------------------
 def write_tokenizer(tok: Tokenizer, specials: dict[str, str], out: Path, lowercase: bool = True) -> None:
     with_template(tok, specials["cls"], specials["sep"]).save(str(out / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, "do_lower_case": lowercase,
-           "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
-           **{f"{r}_token": specials[r] for r in ROLES}}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 512,
+        "do_lower_case": lowercase,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        **{f"{r}_token": specials[r] for r in ROLES},
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps({f"{r}_token": specials[r] for r in ROLES}, indent=2))
 
@@ -228,31 +273,43 @@ def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Pat
     if head:
         state.update(head[1])
     config = hf_config(cfg, arch, [head[0] if head else base], meta["special_tokens"]["pad"])
-    config["pretrainlab"] = {"objective": (meta.get("pretraining") or {}).get("objective"),
-                             "source": str(export.resolve())}
+    config["pretrainlab"] = {
+        "objective": (meta.get("pretraining") or {}).get("objective"),
+        "source": str(export.resolve()),
+    }
 
     def build(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        save_file({k: v.detach().float().clone() for k, v in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.detach().float().clone() for k, v in state.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         write_tokenizer(tokenizer, specials, tmp)
 
     return atomic.build_dir(out_dir, build)
 
 
-def _head_from_checkpoint(ckpt: Path, encoder_state: dict[str, torch.Tensor], objective: type | None,
-                          arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:
+def _head_from_checkpoint(
+    ckpt: Path, encoder_state: dict[str, torch.Tensor], objective: type | None, arch: str
+) -> tuple[str, dict[str, torch.Tensor]] | None:
     """(transformers class, head tensors) from the run's checkpoint, when it holds a head the
     objective can map and its encoder is the exported one (a checkpoint of another run, or of an
     earlier step, would put foreign heads on this encoder: then none is exported)."""
     if objective is None or not ckpt.is_file():
         return None
     state = read_checkpoint(ckpt)["state_dict"]
-    foreign = [k for k, v in encoder_state.items()
-               if f"encoder.{k}" not in state or not torch.equal(state[f"encoder.{k}"].float(), v.float())]
+    foreign = [
+        k
+        for k, v in encoder_state.items()
+        if f"encoder.{k}" not in state or not torch.equal(state[f"encoder.{k}"].float(), v.float())
+    ]
     if foreign:
-        log.warning("%s holds another encoder than the export (%s differs): exported without the pretraining head",
-                    ckpt, foreign[0])
+        log.warning(
+            "%s holds another encoder than the export (%s differs): exported without the pretraining head",
+            ckpt,
+            foreign[0],
+        )
         return None
     return objective.hf_head(state, arch)
 
@@ -268,10 +325,12 @@ def model_name(d: Path) -> str:
 def _convert_advice(d: Path) -> str:
     """How to turn a pickled checkpoint whose source one trusts into safetensors, which holds tensors only."""
     src, dst = d / "pytorch_model.bin", d / "model.safetensors"
-    return ("If you trust its source, convert it once to safetensors (tensors only, loaded without running code), "
-            f"and pretrained=hf:{d} reads that instead:\n  python -c \"import torch; from safetensors.torch import "
-            f"save_file; s = torch.load('{src}', weights_only=False); save_file({{k: v.clone().contiguous() for k, v "
-            f"in s.items() if isinstance(v, torch.Tensor)}}, '{dst}', metadata={{'format': 'pt'}})\"")
+    return (
+        "If you trust its source, convert it once to safetensors (tensors only, loaded without running code), "
+        f'and pretrained=hf:{d} reads that instead:\n  python -c "import torch; from safetensors.torch import '
+        f"save_file; s = torch.load('{src}', weights_only=False); save_file({{k: v.clone().contiguous() for k, v "
+        f"in s.items() if isinstance(v, torch.Tensor)}}, '{dst}', metadata={{'format': 'pt'}})\""
+    )
 
 
 def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens, dict]:
@@ -284,8 +343,9 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     if (d / "model.safetensors").is_file():
         hf = load_file(str(d / "model.safetensors"))
     elif (d / "pytorch_model.bin").is_file():
-        hf = load_tensors(d / "pytorch_model.bin", unsafe_advice=_convert_advice(d),
-                          corrupt_advice="Download the checkpoint again.")
+        hf = load_tensors(
+            d / "pytorch_model.bin", unsafe_advice=_convert_advice(d), corrupt_advice="Download the checkpoint again."
+        )
     else:
         raise FileNotFoundError(f"hf:{path}: no model.safetensors or pytorch_model.bin.")
     if arch == "albert" and cfg.embedding_size == cfg.hidden_size:
@@ -298,5 +358,9 @@ def load_hf_encoder(path: str | Path) -> tuple[Encoder, Tokenizer, SpecialTokens
     tokens = special_tokens(tokenizer, specials)
     if tokens.vocab_size > cfg.vocab_size:
         raise HFFormatError(f"the tokenizer has {tokens.vocab_size} tokens, the model {cfg.vocab_size}.")
-    return encoder, tokenizer, tokens, {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf",
-                                        "name": model_name(d)}
+    return (
+        encoder,
+        tokenizer,
+        tokens,
+        {"path": str(d.resolve()), "objective": f"hf:{arch}", "format": "hf", "name": model_name(d)},
+    )

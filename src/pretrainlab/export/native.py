@@ -54,31 +54,48 @@ def check_output_dir(out: Path, source: Path, fmt: str, force: bool = False) -> 
     directory that holds no earlier export of the same format."""
     target = out.resolve()
     read = resolve_export_dir(source).resolve()
-    for keep, what in ((Path.cwd().resolve(), "the working directory"), (source.resolve(), f"the source {source}"),
-                       (read, f"the export {read}")):
+    for keep, what in (
+        (Path.cwd().resolve(), "the working directory"),
+        (source.resolve(), f"the source {source}"),
+        (read, f"the export {read}"),
+    ):
         if target == keep or target in keep.parents:
-            raise ExportError(f"{out} is {what} or contains it: an export replaces its output directory. Name a new "
-                              f"directory, e.g. {out / 'export'}.")
+            raise ExportError(
+                f"{out} is {what} or contains it: an export replaces its output directory. Name a new "
+                f"directory, e.g. {out / 'export'}."
+            )
     if read in target.parents:
         raise ExportError(f"{out} lies inside the export it reads ({read}): name a directory outside it.")
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file: name a directory.")
     if out.is_dir() and any(out.iterdir()) and not is_export(out, fmt) and not force:
-        raise ExportError(f"{out} is not empty and holds no earlier {fmt} export: its files would be deleted. Name "
-                          f"a new or empty directory, or pass --force to replace it.")
+        raise ExportError(
+            f"{out} is not empty and holds no earlier {fmt} export: its files would be deleted. Name "
+            f"a new or empty directory, or pass --force to replace it."
+        )
 
 
 def _float32(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in module.state_dict().items()}
 
 
-def export_encoder(encoder: Encoder, tokenizer: Tokenizer, tokens: SpecialTokens, out_dir: str | Path,
-                   pretraining: dict | None = None, objective: torch.nn.Module | None = None) -> Path:
+def export_encoder(
+    encoder: Encoder,
+    tokenizer: Tokenizer,
+    tokens: SpecialTokens,
+    out_dir: str | Path,
+    pretraining: dict | None = None,
+    objective: torch.nn.Module | None = None,
+) -> Path:
     """Write ``encoder`` (float32 weights), its tokenizer and metadata to ``out_dir``, and the
     ``objective``'s own weights when given, replacing an earlier export there in one rename."""
     state = _float32(encoder)
-    meta = {"format": FORMAT, "encoder": encoder.config.to_dict(), "special_tokens": tokens.ids(),
-            "pretraining": pretraining or {}}
+    meta = {
+        "format": FORMAT,
+        "encoder": encoder.config.to_dict(),
+        "special_tokens": tokens.ids(),
+        "pretraining": pretraining or {},
+    }
 
     def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS))
@@ -132,8 +149,10 @@ def load_objective(path: str | Path, encoder: Encoder, tokens: SpecialTokens, we
     meta = json.loads((p / CONFIG).read_text())
     target = ((meta.get("pretraining") or {}).get("config") or {}).get("objective")
     if not target or "_target_" not in target:
-        raise ExportError(f"{p} records no pretraining objective (an encoder imported from elsewhere?): zero-shot "
-                          f"evaluations score text with the objective's own heads.")
+        raise ExportError(
+            f"{p} records no pretraining objective (an encoder imported from elsewhere?): zero-shot "
+            f"evaluations score text with the objective's own heads."
+        )
     objective = instantiate(target, _partial_=True)(encoder_config=encoder.config, tokens=tokens)
     if not weights:
         return objective
@@ -147,11 +166,15 @@ def load_objective(path: str | Path, encoder: Encoder, tokens: SpecialTokens, we
         state = read(ckpt)["state_dict"]
         ours = encoder.state_dict()
         if all(torch.equal(state.get(f"encoder.{k}", torch.empty(0)).float(), v.float()) for k, v in ours.items()):
-            objective.load_state_dict({k[len("objective."):]: v for k, v in state.items() if k.startswith("objective.")})
+            objective.load_state_dict(
+                {k[len("objective.") :]: v for k, v in state.items() if k.startswith("objective.")}
+            )
             return objective
-    raise ExportError(f"{p} has no {OBJECTIVE} (it was exported before exports held the objective's weights) and no "
-                      f"checkpoint of this encoder beside it: export the run again from its last checkpoint "
-                      f"(python train.py hydra.run.dir=<run> ckpt_path=last) to evaluate it zero-shot.")
+    raise ExportError(
+        f"{p} has no {OBJECTIVE} (it was exported before exports held the objective's weights) and no "
+        f"checkpoint of this encoder beside it: export the run again from its last checkpoint "
+        f"(python train.py hydra.run.dir=<run> ckpt_path=last) to evaluate it zero-shot."
+    )
 
 
 def export_native(source: str | Path, out: str | Path, force: bool = False) -> Path:
@@ -161,5 +184,18 @@ def export_native(source: str | Path, out: str | Path, force: bool = False) -> P
     return atomic.build_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
-__all__ = ["CONFIG", "FORMAT", "OBJECTIVE", "TOKENIZER", "WEIGHTS", "ExportError", "check_output_dir",
-           "export_encoder", "export_native", "is_export", "load_encoder", "load_objective", "resolve_export_dir"]
+__all__ = [
+    "CONFIG",
+    "FORMAT",
+    "OBJECTIVE",
+    "TOKENIZER",
+    "WEIGHTS",
+    "ExportError",
+    "check_output_dir",
+    "export_encoder",
+    "export_native",
+    "is_export",
+    "load_encoder",
+    "load_objective",
+    "resolve_export_dir",
+]

@@ -28,8 +28,8 @@ class Pretrained:
     encoder: Encoder
     tokenizer: Tokenizer
     tokens: SpecialTokens
-    label: str          # the row name in comparisons: objective, "scratch", "hf:<name>"
-    source: dict        # provenance: path, objective, pretraining run, W&B id
+    label: str  # the row name in comparisons: objective, "scratch", "hf:<name>"
+    source: dict  # provenance: path, objective, pretraining run, W&B id
 
 
 def shape_name(cfg) -> str:
@@ -58,8 +58,9 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
         d = Path(os.path.expanduser(str(pretrained)[3:]))
         weights = next((d / f for f in ("model.safetensors", "pytorch_model.bin") if (d / f).is_file()), None)
         if weights is None or not (d / "config.json").is_file():
-            raise FileNotFoundError(f"hf:{d}: expected a transformers directory (config.json and model.safetensors or "
-                                    f"pytorch_model.bin).")
+            raise FileNotFoundError(
+                f"hf:{d}: expected a transformers directory (config.json and model.safetensors or pytorch_model.bin)."
+            )
         cfg, _ = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
         tokenizer = next((d / f for f in ("tokenizer.json", "vocab.txt") if (d / f).is_file()), None)
         model, seed, pre = model_name(d), None, {}
@@ -72,11 +73,18 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
         model = (pre.get("choices") or {}).get("model") or shape_name(cfg)
         seed = (pre.get("config") or {}).get("seed")
     digest = file_digest(weights)
-    identity = {"weights_sha256": digest, "model": model, "pretrain_seed": seed, "encoder_id": digest,
-                "pretrain_flops": pre.get("flops"), "fraction": pre.get("fraction")}
+    identity = {
+        "weights_sha256": digest,
+        "model": model,
+        "pretrain_seed": seed,
+        "encoder_id": digest,
+        "pretrain_flops": pre.get("flops"),
+        "fraction": pre.get("fraction"),
+    }
     if init == "scratch":
-        identity["encoder_id"] = fingerprint({"scratch": cfg.to_dict(),
-                                              "tokenizer": file_digest(tokenizer) if tokenizer else None})
+        identity["encoder_id"] = fingerprint(
+            {"scratch": cfg.to_dict(), "tokenizer": file_digest(tokenizer) if tokenizer else None}
+        )
         identity.update(pretrain_seed=None, pretrain_flops=0.0, fraction=None)
     return identity
 
@@ -97,17 +105,25 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
         run_dir = pre.get("run_dir")
         wandb_id = read_wandb_id(Path(run_dir))[0] if run_dir else None
         wandb_group = ((pre.get("config") or {}).get("logger") or {}).get("group") or pre.get("objective")
-        source = {"path": str(path.resolve()), "objective": pre.get("objective"), "run_dir": run_dir,
-                  "global_step": pre.get("global_step"), "tokens_seen": pre.get("tokens_seen"),
-                  "wandb_id": wandb_id, "wandb_group": wandb_group}
+        source = {
+            "path": str(path.resolve()),
+            "objective": pre.get("objective"),
+            "run_dir": run_dir,
+            "global_step": pre.get("global_step"),
+            "tokens_seen": pre.get("tokens_seen"),
+            "wandb_id": wandb_id,
+            "wandb_group": wandb_group,
+        }
         label = pre.get("objective") or path.name
     if init == "scratch":
         torch.manual_seed(seed)
         encoder = Encoder(encoder.config)
         label = "scratch"
     if encoder_identity(pretrained, init)["weights_sha256"] != identity["weights_sha256"]:
-        raise RuntimeError(f"the encoder at {pretrained} changed while it was being loaded (is it being pretrained or "
-                           f"exported again?): its results could not be matched to it. Run again once it is written.")
+        raise RuntimeError(
+            f"the encoder at {pretrained} changed while it was being loaded (is it being pretrained or "
+            f"exported again?): its results could not be matched to it. Run again once it is written."
+        )
     source.update(identity, init=init)
     return Pretrained(encoder, tokenizer, tokens, label, source)
 

@@ -108,15 +108,25 @@ class Trainable(L.LightningModule):
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):
         opt = self.optim.optimizer(self, "mixed" in str(self.trainer.precision))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.optim.schedule(opt, self.total_steps),
-                                                   "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": self.optim.schedule(opt, self.total_steps), "interval": "step"},
+        }
 
 
 class FinetuneModule(Trainable):
     """A classifier on the pooled ``[CLS]`` output for one GLUE task."""
 
-    def __init__(self, encoder: Encoder, spec: TaskSpec, optim: OptimConfig, total_steps: int,
-                 classifier_dropout: float = 0.1, eval_splits: list[str] | None = None, compile: dict | None = None):
+    def __init__(
+        self,
+        encoder: Encoder,
+        spec: TaskSpec,
+        optim: OptimConfig,
+        total_steps: int,
+        classifier_dropout: float = 0.1,
+        eval_splits: list[str] | None = None,
+        compile: dict | None = None,
+    ):
         super().__init__(encoder, optim, total_steps, compile)
         h = encoder.config.hidden_size
         # encoders exported without a pooler (add_pooler=false) get a fresh one: dense + tanh on [CLS]
@@ -144,7 +154,8 @@ class FinetuneModule(Trainable):
         logits = self(batch)
         pred = logits if self.spec.is_regression else logits.argmax(-1)
         self._outputs.setdefault(dataloader_idx, []).append(
-            (batch["index"], pred.detach().float(), batch["labels"].float()))
+            (batch["index"], pred.detach().float(), batch["labels"].float())
+        )
 
     def evaluate(self, outputs: dict[int, list]) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -52,19 +52,29 @@ from pretrainlab.runtime.signals import SaveOnSignal, exit_on_signal, fit, signa
 log = logging.getLogger("pretrainlab")
 
 
-def eval_loader(split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0,
-                multiple: int = 1) -> torch.utils.data.DataLoader:
+def eval_loader(
+    split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0, multiple: int = 1
+) -> torch.utils.data.DataLoader:
     """A dev set's batches, its examples in order of length: each batch is padded to its longest,
     so little padding is computed. Predictions are matched to examples by index, so the order
     changes no metric."""
     return torch.utils.data.DataLoader(
-        EncodedDataset(split), batch_size=batch_size, sampler=sorted(range(len(split)), key=lambda i: len(split.ids[i])),
-        collate_fn=functools.partial(collate, pad_id=pad_id, multiple=multiple), num_workers=num_workers,
-        worker_init_fn=worker_init)
+        EncodedDataset(split),
+        batch_size=batch_size,
+        sampler=sorted(range(len(split)), key=lambda i: len(split.ids[i])),
+        collate_fn=functools.partial(collate, pad_id=pad_id, multiple=multiple),
+        num_workers=num_workers,
+        worker_init_fn=worker_init,
+    )
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None, results_path: str | Path | None = None,
-        choices: dict[str, str] | None = None, resume_hint: str | None = None) -> dict[str, Any]:
+def run(
+    cfg: DictConfig,
+    run_dir: str | Path | None = None,
+    results_path: str | Path | None = None,
+    choices: dict[str, str] | None = None,
+    resume_hint: str | None = None,
+) -> dict[str, Any]:
     """Run ``cfg.task`` on ``cfg.pretrained``; write and return the results. ``resume_hint``: the
     command to run after a signal stops it (a suite's or a study's; by default this process's)."""
     script = RunScript.of(cfg, run_dir, choices)
@@ -108,33 +118,66 @@ def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) 
     train_split = splits["train"].head(glue.get("max_train_examples"))
     eval_names = list(spec.eval_splits)
     encoded_train = encode(train_split, model.tokenizer, model.tokens, cfg.task.max_seq_len)
-    encoded_eval = [encode(splits[s].head(glue.get("max_eval_examples")), model.tokenizer, model.tokens,
-                           cfg.task.max_seq_len) for s in eval_names]
-    log.info("%s: %d train, %s dev examples (%d truncated to %d tokens), loaded in %.1fs", spec.name,
-             len(encoded_train), "/".join(str(len(e)) for e in encoded_eval), encoded_train.truncated,
-             cfg.task.max_seq_len, time.time() - t0)
+    encoded_eval = [
+        encode(splits[s].head(glue.get("max_eval_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len)
+        for s in eval_names
+    ]
+    log.info(
+        "%s: %d train, %s dev examples (%d truncated to %d tokens), loaded in %.1fs",
+        spec.name,
+        len(encoded_train),
+        "/".join(str(len(e)) for e in encoded_eval),
+        encoded_train.truncated,
+        cfg.task.max_seq_len,
+        time.time() - t0,
+    )
 
     per_device = cfg.task.batch_size // world_size(cfg)
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
     multiple = 8 if compile_ else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
     collate_fn = functools.partial(collate, pad_id=pad, multiple=multiple)
-    order = (dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
-             if glue.get("group_by_length") else dict(shuffle=True, generator=gen))
+    order = (
+        dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
+        if glue.get("group_by_length")
+        else dict(shuffle=True, generator=gen)
+    )
     train_loader = torch.utils.data.DataLoader(
-        EncodedDataset(encoded_train), batch_size=per_device, drop_last=False, collate_fn=collate_fn,
-        num_workers=cfg.num_workers, worker_init_fn=worker_init, **order)
+        EncodedDataset(encoded_train),
+        batch_size=per_device,
+        drop_last=False,
+        collate_fn=collate_fn,
+        num_workers=cfg.num_workers,
+        worker_init_fn=worker_init,
+        **order,
+    )
     eval_loaders = [eval_loader(e, per_device * 2, pad, cfg.num_workers, multiple) for e in encoded_eval]
     steps_per_epoch = math.ceil(len(encoded_train) / cfg.task.batch_size)
-    module = FinetuneModule(model.encoder, spec, optim, steps_per_epoch * cfg.task.epochs,
-                            cfg.task.classifier_dropout, eval_names, compile=compile_)
-    return Job(module, train_loader, eval_loaders, steps_per_epoch,
-               {s: len(e) for s, e in zip(eval_names, encoded_eval)},
-               {"train_examples": len(encoded_train),
-                "no_skill": {f"{m}{suffix}": v for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
-                             for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels,
-                                                  spec.is_regression).items()},
-                "data": {"source": glue.source, "files": digests}})
+    module = FinetuneModule(
+        model.encoder,
+        spec,
+        optim,
+        steps_per_epoch * cfg.task.epochs,
+        cfg.task.classifier_dropout,
+        eval_names,
+        compile=compile_,
+    )
+    return Job(
+        module,
+        train_loader,
+        eval_loaders,
+        steps_per_epoch,
+        {s: len(e) for s, e in zip(eval_names, encoded_eval)},
+        {
+            "train_examples": len(encoded_train),
+            "no_skill": {
+                f"{m}{suffix}": v
+                for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
+                for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels, spec.is_regression).items()
+            },
+            "data": {"source": glue.source, "files": digests},
+        },
+    )
 
 
 def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -> Job:
@@ -144,46 +187,85 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
     t0 = time.time()
     n = cfg.ner
     synthetic = OmegaConf.to_container(n.synthetic, resolve=True) if n.get("synthetic") else None
-    splits, digests = ner.load(n.source, n.data_dir, cfg.cache_dir, synthetic, n.get("max_train_examples"),
-                               n.get("max_eval_examples"))
+    splits, digests = ner.load(
+        n.source, n.data_dir, cfg.cache_dir, synthetic, n.get("max_train_examples"), n.get("max_eval_examples")
+    )
     labels = label_set(splits["train"])
     label_ids = {label: i for i, label in enumerate(labels)}
     train = encode_words(splits["train"], model.tokenizer, model.tokens, cfg.task.max_seq_len, label_ids)
     dev = encode_words(splits["validation"], model.tokenizer, model.tokens, cfg.task.max_seq_len)
     gold = [tags for _, tags in splits["validation"]]
-    log.info("ner: %d train sentences (%d pieces), %d dev sentences (%d pieces), %d labels, loaded in %.1fs",
-             len(splits["train"]), len(train), len(gold), len(dev), len(labels), time.time() - t0)
+    log.info(
+        "ner: %d train sentences (%d pieces), %d dev sentences (%d pieces), %d labels, loaded in %.1fs",
+        len(splits["train"]),
+        len(train),
+        len(gold),
+        len(dev),
+        len(labels),
+        time.time() - t0,
+    )
     world = world_size(cfg)
     per_device = cfg.task.batch_size // world
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
     multiple = 8 if compile_ else 1
     train_loader = torch.utils.data.DataLoader(
-        WordsDataset(train), batch_size=per_device, shuffle=True, generator=gen, num_workers=cfg.num_workers,
-        worker_init_fn=worker_init, collate_fn=functools.partial(collate_words, pad_id=pad, multiple=multiple))
+        WordsDataset(train),
+        batch_size=per_device,
+        shuffle=True,
+        generator=gen,
+        num_workers=cfg.num_workers,
+        worker_init_fn=worker_init,
+        collate_fn=functools.partial(collate_words, pad_id=pad, multiple=multiple),
+    )
     # under DDP every rank's predictions are gathered: one width for all
     width = cfg.task.max_seq_len if world > 1 else None
     eval_loader_ = torch.utils.data.DataLoader(
-        WordsDataset(dev), batch_size=per_device * 2, sampler=sorted(range(len(dev)), key=lambda i: len(dev.ids[i])),
-        num_workers=cfg.num_workers, worker_init_fn=worker_init,
-        collate_fn=functools.partial(collate_words, pad_id=pad, length=width, multiple=multiple))
+        WordsDataset(dev),
+        batch_size=per_device * 2,
+        sampler=sorted(range(len(dev)), key=lambda i: len(dev.ids[i])),
+        num_workers=cfg.num_workers,
+        worker_init_fn=worker_init,
+        collate_fn=functools.partial(collate_words, pad_id=pad, length=width, multiple=multiple),
+    )
     steps_per_epoch = math.ceil(len(train) / cfg.task.batch_size)
-    module = TokenTagger(model.encoder, labels, optim, steps_per_epoch * cfg.task.epochs, dev, gold,
-                         cfg.task.classifier_dropout, compile=compile_)
-    return Job(module, train_loader, [eval_loader_], steps_per_epoch, {"validation": len(gold)},
-               {"train_examples": len(splits["train"]), "labels": labels, "no_skill": {"f1": 0.0},
-                "data": {"source": n.source, "files": digests}})
+    module = TokenTagger(
+        model.encoder,
+        labels,
+        optim,
+        steps_per_epoch * cfg.task.epochs,
+        dev,
+        gold,
+        cfg.task.classifier_dropout,
+        compile=compile_,
+    )
+    return Job(
+        module,
+        train_loader,
+        [eval_loader_],
+        steps_per_epoch,
+        {"validation": len(gold)},
+        {
+            "train_examples": len(splits["train"]),
+            "labels": labels,
+            "no_skill": {"f1": 0.0},
+            "data": {"source": n.source, "files": digests},
+        },
+    )
 
 
-def _run(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim, results_path: Path,
-         resume_hint: str) -> dict[str, Any]:
+def _run(
+    cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim, results_path: Path, resume_hint: str
+) -> dict[str, Any]:
     run_dir = script.dir
     script.start()
     model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
     max_pos = model.encoder.config.max_position_embeddings
     if cfg.task.max_seq_len > max_pos:
-        raise ConfigError(f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
-                          f"lower task.max_seq_len.")
+        raise ConfigError(
+            f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
+            f"lower task.max_seq_len."
+        )
     t0 = time.time()
     if not task.fine_tuned:
         return _run_frozen(cfg, script, task, model, results_path, resume_hint, t0)
@@ -196,19 +278,32 @@ def _run(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim
     logger = _logger(script, task, model, cfg.seed, job.eval_examples)
     stopper = SaveOnSignal(None)
     trainer: L.Trainer = instantiate(
-        cfg.trainer, max_epochs=cfg.task.epochs, default_root_dir=str(run_dir), logger=logger,
+        cfg.trainer,
+        max_epochs=cfg.task.epochs,
+        default_root_dir=str(run_dir),
+        logger=logger,
         callbacks=[stopper, *script.callbacks()],
-        limit_val_batches=1.0, num_sanity_val_steps=0, check_val_every_n_epoch=1, enable_checkpointing=False,
-        gradient_clip_val=optim.grad_clip, log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10),
-                                                                 job.steps_per_epoch),
+        limit_val_batches=1.0,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=1,
+        enable_checkpointing=False,
+        gradient_clip_val=optim.grad_clip,
+        log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10), job.steps_per_epoch),
     )
     try:
         fit(trainer, stopper, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
         if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
             script.exit_code = stopper.exit_code
-            log.warning("%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
-                        "with:\n  %s", signal_name(stopper.signum), task.name, cfg.seed, trainer.global_step,
-                        total_steps, resume_hint)
+            log.warning(
+                "%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
+                "with:\n  %s",
+                signal_name(stopper.signum),
+                task.name,
+                cfg.seed,
+                trainer.global_step,
+                total_steps,
+                resume_hint,
+            )
             raise SystemExit(script.exit_code)
         if not module.history:
             raise RuntimeError("fine-tuning finished without an evaluation; is task.epochs at least 1?")
@@ -218,29 +313,59 @@ def _run(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim
             raise FloatingPointError(
                 f"{task.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
                 f"): fine-tuning diverged. No results were written; lower task.lr (it is {cfg.task.lr}) or check the "
-                f"encoder.")
-        result = _result(cfg, task, model, final, t0, run_dir, {
-            "reported_epoch": "last", "history": module.history, "eval_examples": job.eval_examples,
-            **job.fields, **({"detail": module.detail} if getattr(module, "detail", None) else {}),
-            "steps": trainer.global_step})
+                f"encoder."
+            )
+        result = _result(
+            cfg,
+            task,
+            model,
+            final,
+            t0,
+            run_dir,
+            {
+                "reported_epoch": "last",
+                "history": module.history,
+                "eval_examples": job.eval_examples,
+                **job.fields,
+                **({"detail": module.detail} if getattr(module, "detail", None) else {}),
+                "steps": trainer.global_step,
+            },
+        )
         if trainer.is_global_zero:
             atomic.write_json(results_path, result)
             if logger:
                 _log_summary(logger, result)
-        log.info("%s %s seed %d: %s (score %.2f)", task.name, model.label, cfg.seed,
-                 ", ".join(f"{k} {v:.4f}" for k, v in final.items()), result["score"])
+        log.info(
+            "%s %s seed %d: %s (score %.2f)",
+            task.name,
+            model.label,
+            cfg.seed,
+            ", ".join(f"{k} {v:.4f}" for k, v in final.items()),
+            result["score"],
+        )
         script.exit_code = 0
     finally:
         script.finish()
     if stopper.signum is not None:  # the signal came during the last evaluation: the results are complete
-        log.warning("%s: fine-tuning of %s (seed %d) had finished; its results are written. Stopping.",
-                    signal_name(stopper.signum), task.name, cfg.seed)
+        log.warning(
+            "%s: fine-tuning of %s (seed %d) had finished; its results are written. Stopping.",
+            signal_name(stopper.signum),
+            task.name,
+            cfg.seed,
+        )
         raise SystemExit(stopper.exit_code)
     return result
 
 
-def _run_frozen(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, model: Pretrained,
-                results_path: Path, resume_hint: str, t0: float) -> dict[str, Any]:
+def _run_frozen(
+    cfg: DictConfig,
+    script: RunScript,
+    task: evaluations.Evaluation,
+    model: Pretrained,
+    results_path: Path,
+    resume_hint: str,
+    t0: float,
+) -> dict[str, Any]:
     """A task that trains nothing of the encoder: zero-shot minimal pairs, frozen-feature probes."""
     script.save_config()
     try:
@@ -256,8 +381,13 @@ def _run_frozen(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation
             logger.log_metrics({f"val/{k}": v for k, v in result["metrics"].items()})
             _log_summary(logger, result)
         atomic.write_json(results_path, result)
-        log.info("%s %s: %s (score %.2f)", task.name, model.label,
-                 ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()), result["score"])
+        log.info(
+            "%s %s: %s (score %.2f)",
+            task.name,
+            model.label,
+            ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()),
+            result["score"],
+        )
         script.exit_code = 0
     finally:
         script.finish()
@@ -266,18 +396,36 @@ def _run_frozen(cfg: DictConfig, script: RunScript, task: evaluations.Evaluation
 
 def _logger(script: RunScript, task: evaluations.Evaluation, model: Pretrained, seed: int, eval_examples: dict):
     return script.build_logger(
-        name=f"{task.name}-{model.label}-s{seed}", group=model.source.get("wandb_group") or model.label,
+        name=f"{task.name}-{model.label}-s{seed}",
+        group=model.source.get("wandb_group") or model.label,
         job_type="finetune",
-        extra={f"pretrained.{k}": v for k, v in model.source.items()} | {"encoder_label": model.label}
+        extra={f"pretrained.{k}": v for k, v in model.source.items()}
+        | {"encoder_label": model.label}
         | {f"eval_examples.{s}": n for s, n in eval_examples.items()},
     )
 
 
-def _result(cfg: DictConfig, task: evaluations.Evaluation, model: Pretrained, metrics: dict, t0: float,
-            run_dir: Path, fields: dict) -> dict[str, Any]:
-    return {"task": task.name, "seed": cfg.seed, "label": model.label, "metrics": metrics,
-            "score": task_score(metrics), **fields, "pretrained": model.source, "runtime_s": round(time.time() - t0, 2),
-            "config": OmegaConf.to_container(cfg, resolve=True), "run_dir": str(run_dir)}
+def _result(
+    cfg: DictConfig,
+    task: evaluations.Evaluation,
+    model: Pretrained,
+    metrics: dict,
+    t0: float,
+    run_dir: Path,
+    fields: dict,
+) -> dict[str, Any]:
+    return {
+        "task": task.name,
+        "seed": cfg.seed,
+        "label": model.label,
+        "metrics": metrics,
+        "score": task_score(metrics),
+        **fields,
+        "pretrained": model.source,
+        "runtime_s": round(time.time() - t0, 2),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "run_dir": str(run_dir),
+    }
 
 
 def _log_summary(logger, result: dict) -> None:

@@ -58,12 +58,18 @@ def encoder_of(r: dict) -> dict:
     hash was recorded are identified by their encoder's path."""
     p = r.get("pretrained") or {}
     label = r.get("label_override") or r["label"]
-    return {"id": p.get("encoder_id") or p.get("path") or label, "label": label, "model": p.get("model"),
-            "pretrain_seed": p.get("pretrain_seed"), "source": p.get("run_dir") or p.get("path") or "?"}
+    return {
+        "id": p.get("encoder_id") or p.get("path") or label,
+        "label": label,
+        "model": p.get("model"),
+        "pretrain_seed": p.get("pretrain_seed"),
+        "source": p.get("run_dir") or p.get("path") or "?",
+    }
 
 
-def collect(sources: list[str], labels: dict[str, str] | None = None,
-            keep: Callable[[dict], bool] | None = None) -> list[dict]:
+def collect(
+    sources: list[str], labels: dict[str, str] | None = None, keep: Callable[[dict], bool] | None = None
+) -> list[dict]:
     """Results from directories (searched recursively for results JSON files) and W&B projects.
     ``labels`` (source -> name) relabels the results found under a source; ``keep`` chooses the
     results to compare (a study's tasks and seeds), before they are checked against each other.
@@ -76,12 +82,13 @@ def collect(sources: list[str], labels: dict[str, str] | None = None,
     refused, since one would hide the other."""
     results: list[dict] = []
     identities: dict = {}
-    labels = {str(Path(k).expanduser().resolve()) if not k.startswith("wandb:") else k: v
-              for k, v in (labels or {}).items()}
+    labels = {
+        str(Path(k).expanduser().resolve()) if not k.startswith("wandb:") else k: v for k, v in (labels or {}).items()
+    }
     for src in sources:
         found: list[dict] = []
         if str(src).startswith("wandb:"):
-            found = collect_wandb(str(src)[len("wandb:"):])
+            found = collect_wandb(str(src)[len("wandb:") :])
             key = str(src)
         else:
             p = Path(src).expanduser()
@@ -155,10 +162,16 @@ def check_current_encoder(result: dict, path: Path, identities: dict) -> None:
     try:
         check_encoder(result, identity, init, path)
     except ResultError as e:
-        raise CompareError(f"{e} (A result is compared only while its encoder is the one there: these scores are not "
-                           f"those of {encoder}.)") from None
+        raise CompareError(
+            f"{e} (A result is compared only while its encoder is the one there: these scores are not "
+            f"those of {encoder}.)"
+        ) from None
     if recorded.get("fraction") is not None:
-        result["pretrained"] = {**recorded, "fraction": identity["fraction"], "pretrain_flops": identity["pretrain_flops"]}
+        result["pretrained"] = {
+            **recorded,
+            "fraction": identity["fraction"],
+            "pretrain_flops": identity["pretrain_flops"],
+        }
 
 
 def _encoder_dir(recorded: str | None, results_file: Path) -> Path | None:
@@ -195,7 +208,8 @@ def _check_same_settings(results: list[dict]) -> None:
                 raise CompareError(
                     f"{task} results were fine-tuned with different settings: {describe(changed)} "
                     f"('then' in {recorded[0].get('run_dir')}, 'now' in {r.get('run_dir')}). Side by side they would "
-                    f"compare two experiments; compare results made with the same settings (one report each).")
+                    f"compare two experiments; compare results made with the same settings (one report each)."
+                )
         with_files = [r for r in rs if (r.get("data") or {}).get("files")]
         for r in with_files[1:]:
             a, b = with_files[0]["data"]["files"], r["data"]["files"]
@@ -205,7 +219,8 @@ def _check_same_settings(results: list[dict]) -> None:
                     f"{task} results were computed on different data: {', '.join(changed)} differ between "
                     f"{with_files[0].get('run_dir')} and {r.get('run_dir')} (sha256 {str(a.get(changed[0]))[:12]} and "
                     f"{str(b.get(changed[0]))[:12]}). Scores on different data are not comparable: re-run them on the "
-                    f"same files.")
+                    f"same files."
+                )
 
 
 def collect_wandb(project: str) -> list[dict]:
@@ -218,15 +233,25 @@ def collect_wandb(project: str) -> list[dict]:
         if task is None:
             continue
         prefix = f"glue/{task}/"
-        metrics = {k[len(prefix):]: float(v) for k, v in run.summary.items()
-                   if k.startswith(prefix) and k != prefix + "score"}
+        metrics = {
+            k[len(prefix) :]: float(v) for k, v in run.summary.items() if k.startswith(prefix) and k != prefix + "score"
+        }
         if metrics:
-            pretrained = {k[len("pretrained."):]: v for k, v in run.config.items() if k.startswith("pretrained.")}
-            results.append({"task": task, "seed": run.config.get("seed", 0), "metrics": metrics,
-                            "label": run.config.get("encoder_label", run.group or run.name),
-                            "pretrained": pretrained, "run_dir": f"wandb:{project}/{run.id}",
-                            "eval_examples": {k[len("eval_examples."):]: v for k, v in run.config.items()
-                                              if k.startswith("eval_examples.")} or None})
+            pretrained = {k[len("pretrained.") :]: v for k, v in run.config.items() if k.startswith("pretrained.")}
+            results.append(
+                {
+                    "task": task,
+                    "seed": run.config.get("seed", 0),
+                    "metrics": metrics,
+                    "label": run.config.get("encoder_label", run.group or run.name),
+                    "pretrained": pretrained,
+                    "run_dir": f"wandb:{project}/{run.id}",
+                    "eval_examples": {
+                        k[len("eval_examples.") :]: v for k, v in run.config.items() if k.startswith("eval_examples.")
+                    }
+                    or None,
+                }
+            )
     return results
 
 
@@ -288,9 +313,11 @@ def _check_example_counts(results: list[dict]) -> None:
     for task, seen in by_task.items():
         if len(seen) > 1:
             listed = "; ".join(f"{encoder_of(r)['source']}: {counts}" for counts, r in seen.items())
-            raise CompareError(f"{task} results were evaluated on different numbers of examples ({listed}); scores on "
-                               f"different dev sets are not comparable. Re-run them on the same data "
-                               f"(glue.max_eval_examples, glue.source).")
+            raise CompareError(
+                f"{task} results were evaluated on different numbers of examples ({listed}); scores on "
+                f"different dev sets are not comparable. Re-run them on the same data "
+                f"(glue.max_eval_examples, glue.source)."
+            )
 
 
 def aggregate(results: list[dict], baseline: str | None = None, method: str = "t", level: float = stats.LEVEL) -> dict:
@@ -316,8 +343,9 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
         encoders[rows[e["id"]]][e["id"]] = {"pretrain_seed": e["pretrain_seed"], "source": e["source"]}
     labels = sorted(by, key=lambda x: (x.startswith("scratch"), x))
     if baseline is not None and baseline not in labels:
-        raise CompareError(f"--baseline {baseline!r} is not a row of this comparison; the rows are: "
-                           f"{', '.join(labels)}.")
+        raise CompareError(
+            f"--baseline {baseline!r} is not a row of this comparison; the rows are: {', '.join(labels)}."
+        )
     tasks = [t for t in ORDER if any(t in by[label] for label in labels)]
     rng = np.random.default_rng(0)
 
@@ -334,27 +362,40 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
             names = list(next(iter(per_encoder.values()))[0]["metrics"])
             metric_stats, pretrain_sd = {}, {}
             for m in names:
-                mean, sd_ft, sd_pt = two_level({e: [100.0 * r["metrics"][m] for r in rs] for e, rs in per_encoder.items()})
+                mean, sd_ft, sd_pt = two_level(
+                    {e: [100.0 * r["metrics"][m] for r in rs] for e, rs in per_encoder.items()}
+                )
                 metric_stats[m], pretrain_sd[m] = (mean, sd_ft), sd_pt
             runs = [r for rs in per_encoder.values() for r in rs]
             if runs[0].get("items"):  # zero-shot items (minimal pairs): intervals over items (and encoders)
-                summary = stats.summarize_items({e: item_outcomes(rs[0]) for e, rs in per_encoder.items()}, level,
-                                                rng=rng)
-                items[label][task] = {encoders[label][e]["pretrain_seed"]: item_outcomes(rs[0])
-                                      for e, rs in per_encoder.items()}
+                summary = stats.summarize_items(
+                    {e: item_outcomes(rs[0]) for e, rs in per_encoder.items()}, level, rng=rng
+                )
+                items[label][task] = {
+                    encoders[label][e]["pretrain_seed"]: item_outcomes(rs[0]) for e, rs in per_encoder.items()
+                }
             else:
-                summary = stats.summarize({e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method,
-                                          rng)
+                summary = stats.summarize(
+                    {e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method, rng
+                )
             pretrain_sd["score"] = summary.sd_pt
-            cells[label][task] = {"metrics": metric_stats, "score": (summary.mean, summary.sd_ft),
-                                  "pretrain_sd": pretrain_sd, "summary": summary.to_dict(),
-                                  "seeds": sorted(r["seed"] for r in runs), "encoders": len(per_encoder),
-                                  "no_skill": task_score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
-                                  "eval_examples": runs[0].get("eval_examples"), "items": bool(runs[0].get("items"))}
-            seeded[label][task] = {encoders[label][e]["pretrain_seed"]: {r["seed"]: score(r) for r in rs}
-                                   for e, rs in per_encoder.items()}
-    glue_tasks = [t for t in tasks if is_glue(t) and t not in EXCLUDED_FROM_GLUE_SCORE
-                  and all(t in cells[lb] for lb in labels)]
+            cells[label][task] = {
+                "metrics": metric_stats,
+                "score": (summary.mean, summary.sd_ft),
+                "pretrain_sd": pretrain_sd,
+                "summary": summary.to_dict(),
+                "seeds": sorted(r["seed"] for r in runs),
+                "encoders": len(per_encoder),
+                "no_skill": task_score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
+                "eval_examples": runs[0].get("eval_examples"),
+                "items": bool(runs[0].get("items")),
+            }
+            seeded[label][task] = {
+                encoders[label][e]["pretrain_seed"]: {r["seed"]: score(r) for r in rs} for e, rs in per_encoder.items()
+            }
+    glue_tasks = [
+        t for t in tasks if is_glue(t) and t not in EXCLUDED_FROM_GLUE_SCORE and all(t in cells[lb] for lb in labels)
+    ]
     glue = {}
     for label in labels:
         if not glue_tasks:
@@ -363,33 +404,53 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
         for e in encoders[label]:
             # a GLUE score per (encoder, fine-tuning seed) present in every task
             seeds = set.intersection(*({r["seed"] for r in by[label][t].get(e, [])} for t in glue_tasks))
-            scores = {s: float(np.mean([score(r) for t in glue_tasks for r in by[label][t][e] if r["seed"] == s]))
-                      for s in sorted(seeds)}
+            scores = {
+                s: float(np.mean([score(r) for t in glue_tasks for r in by[label][t][e] if r["seed"] == s]))
+                for s in sorted(seeds)
+            }
             if scores:
                 per_encoder[e] = list(scores.values())
                 per_seed[encoders[label][e]["pretrain_seed"]] = scores
         if per_encoder:
             summary = stats.summarize(per_encoder, level, method, rng)
-            glue[label] = {"score": (summary.mean, summary.sd_ft), "pretrain_sd": summary.sd_pt,
-                           "summary": summary.to_dict()}
+            glue[label] = {
+                "score": (summary.mean, summary.sd_ft),
+                "pretrain_sd": summary.sd_pt,
+                "summary": summary.to_dict(),
+            }
             seeded[label]["glue"] = per_seed
         else:  # no fine-tuning seed ran every task: the mean of task means, without a spread
-            glue[label] = {"score": (float(np.mean([cells[label][t]["score"][0] for t in glue_tasks])), 0.0),
-                           "pretrain_sd": None, "summary": None}
+            glue[label] = {
+                "score": (float(np.mean([cells[label][t]["score"][0] for t in glue_tasks])), 0.0),
+                "pretrain_sd": None,
+                "summary": None,
+            }
     differences: dict = {}
     if baseline is not None:
         for label in labels:
             if label == baseline:
                 continue
             differences[label] = {
-                t: (stats.item_difference(items[label][t], items[baseline][t], level, rng=rng)
+                t: (
+                    stats.item_difference(items[label][t], items[baseline][t], level, rng=rng)
                     if t in items[label] and t in items[baseline]
-                    else stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)).to_dict()
-                for t in [*tasks, "glue"] if t in seeded[label] and t in seeded[baseline]}
-    return {"labels": labels, "tasks": tasks, "cells": cells, "glue": glue, "glue_tasks": glue_tasks,
-            "encoders": {label: list(encoders[label].values()) for label in labels},
-            "interval": {"level": level, "method": method}, "baseline": baseline, "differences": differences,
-            "seeds_needed": seeds_needed(cells, labels, tasks)}
+                    else stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)
+                ).to_dict()
+                for t in [*tasks, "glue"]
+                if t in seeded[label] and t in seeded[baseline]
+            }
+    return {
+        "labels": labels,
+        "tasks": tasks,
+        "cells": cells,
+        "glue": glue,
+        "glue_tasks": glue_tasks,
+        "encoders": {label: list(encoders[label].values()) for label in labels},
+        "interval": {"level": level, "method": method},
+        "baseline": baseline,
+        "differences": differences,
+        "seeds_needed": seeds_needed(cells, labels, tasks),
+    }
 
 
 def item_outcomes(result: dict) -> np.ndarray:
@@ -407,15 +468,24 @@ def seeds_needed(cells: dict, labels: list[str], tasks: list[str]) -> dict:
     points 80% of the time."""
     out = {}
     for t in tasks:
-        ft = [cells[lb][t]["summary"]["sd_ft"] for lb in labels if t in cells[lb] and cells[lb][t]["summary"]["n"] > 1
-              and cells[lb][t]["summary"]["sd_ft"] > 0]
-        pt = [cells[lb][t]["summary"]["sd_pt"] for lb in labels
-              if t in cells[lb] and cells[lb][t]["summary"]["sd_pt"] is not None]
+        ft = [
+            cells[lb][t]["summary"]["sd_ft"]
+            for lb in labels
+            if t in cells[lb] and cells[lb][t]["summary"]["n"] > 1 and cells[lb][t]["summary"]["sd_ft"] > 0
+        ]
+        pt = [
+            cells[lb][t]["summary"]["sd_pt"]
+            for lb in labels
+            if t in cells[lb] and cells[lb][t]["summary"]["sd_pt"] is not None
+        ]
         if not ft:
             continue
         sd = float(np.sqrt(np.mean(np.square(ft)) + (np.mean(np.square(pt)) if pt else 0.0)))
-        out[t] = {"sd": sd, "with_pretraining_sd": bool(pt),
-                  "runs": {f"{d:g}": stats.seeds_needed(sd, d) for d in DELTAS}}
+        out[t] = {
+            "sd": sd,
+            "with_pretraining_sd": bool(pt),
+            "runs": {f"{d:g}": stats.seeds_needed(sd, d) for d in DELTAS},
+        }
     return out
 
 
@@ -423,14 +493,23 @@ def _interval(ci) -> str:
     return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
 
 
-def _cell(summary: dict | None, ms: tuple[float, float], pretrain_sd: float | None, n: int | None,
-          expected: int, items: bool = False) -> str:
+def _cell(
+    summary: dict | None,
+    ms: tuple[float, float],
+    pretrain_sd: float | None,
+    n: int | None,
+    expected: int,
+    items: bool = False,
+) -> str:
     """mean ± sd [sd over pretraining seeds] (interval), and the number of runs when it is fewer than
     the row should have (``expected``); a single run is shown as what it is, without a spread. A
     zero-shot cell (``items``): the mean [sd over pretraining seeds] (interval over items)."""
     if items:
-        return f"{ms[0]:.1f}" + (f" [{pretrain_sd:.1f}]" if pretrain_sd is not None else "") + _interval(
-            summary["ci"] if summary else None)
+        return (
+            f"{ms[0]:.1f}"
+            + (f" [{pretrain_sd:.1f}]" if pretrain_sd is not None else "")
+            + _interval(summary["ci"] if summary else None)
+        )
     if n is None:  # a GLUE score with no fine-tuning seed in every task: no spread to show
         return f"{ms[0]:.1f} (mean of task means)"
     if n == 1:
@@ -469,7 +548,9 @@ def to_markdown(table: dict) -> str:
             if col == "glue":
                 g = table["glue"].get(label)
                 n = (g.get("summary") or {}).get("n") if g else None
-                row.append(_cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders) if g else "–")
+                row.append(
+                    _cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders) if g else "–"
+                )
                 short |= bool(g) and (n is None or n < per_encoder * encoders)
                 continue
             c = table["cells"][label].get(col)
@@ -478,8 +559,9 @@ def to_markdown(table: dict) -> str:
                 row.append(_cell(c["summary"], c["score"], c["pretrain_sd"]["score"], None, 1, items=True))
                 continue
             expected = per_encoder * encoders
-            row.append(_cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected)
-                       if c else "–")
+            row.append(
+                _cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected) if c else "–"
+            )
             short |= bool(c) and len(c["seeds"]) < expected
         lines.append("| " + " | ".join(row) + " |")
     seeds = [per_encoder]
@@ -489,23 +571,43 @@ def to_markdown(table: dict) -> str:
     how = {"t": "two-level t interval", "bootstrap": "hierarchical bootstrap"}[interval["method"]]
     pretrain = ""
     if any(n > 1 for n in encoders):
-        pretrain = (f", over {'/'.join(map(str, encoders))} pretraining seed(s) per row: the mean of the encoders' "
-                    f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]")
+        pretrain = (
+            f", over {'/'.join(map(str, encoders))} pretraining seed(s) per row: the mean of the encoders' "
+            f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]"
+        )
     single = any(n == 1 for n in encoders)
     lines.append("")
-    seeded = (f"Task score x 100 on the dev set after the last fine-tuning epoch (a task's score is the mean of "
-              f"its metrics), mean ± std over {'/'.join(map(str, seeds))} seed(s){pretrain}; "
-              f"({pct} confidence interval, {how}"
-              + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
-              + (f"). GLUE = mean task score over "
-                 f"{', '.join(display_name(t) for t in table['glue_tasks'])}; WNLI excluded as in BERT. "
-                 if table["glue_tasks"] else "). ")) if seeded_cells else ""
-    lines.append(seeded
-                 + (f"Zero-shot tasks (BLiMP): accuracy x 100, scored once per encoder; the {pct} interval is a "
-                    f"bootstrap over the items (and over pretraining seeds when there are several). " if zero_shot
-                    else "")
-                 + ("(n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
-                    "its mean noisier." if short else ""))
+    seeded = (
+        (
+            f"Task score x 100 on the dev set after the last fine-tuning epoch (a task's score is the mean of "
+            f"its metrics), mean ± std over {'/'.join(map(str, seeds))} seed(s){pretrain}; "
+            f"({pct} confidence interval, {how}"
+            + ("; for a row with one pretraining seed it covers fine-tuning noise only" if single else "")
+            + (
+                f"). GLUE = mean task score over "
+                f"{', '.join(display_name(t) for t in table['glue_tasks'])}; WNLI excluded as in BERT. "
+                if table["glue_tasks"]
+                else "). "
+            )
+        )
+        if seeded_cells
+        else ""
+    )
+    lines.append(
+        seeded
+        + (
+            f"Zero-shot tasks (BLiMP): accuracy x 100, scored once per encoder; the {pct} interval is a "
+            f"bootstrap over the items (and over pretraining seeds when there are several). "
+            if zero_shot
+            else ""
+        )
+        + (
+            "(n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
+            "its mean noisier."
+            if short
+            else ""
+        )
+    )
     lines[-1] = lines[-1].rstrip()
     if table.get("blimp"):
         lines += ["", report.blimp_markdown(table["blimp"], ("field",)) + "\n\n(by phenomenon and paradigm: blimp.md)"]
@@ -523,9 +625,12 @@ def differences_markdown(table: dict) -> str:
     an interval that excludes zero."""
     tasks = columns(table)
     base = table["baseline"]
-    lines = [f"Difference against {base} (points; * = the interval excludes 0)", "",
-             "| encoder | " + " | ".join(display_name(t) if t in EVALUATIONS else "GLUE" for t in tasks) + " |",
-             "|" + "---|" * (len(tasks) + 1)]
+    lines = [
+        f"Difference against {base} (points; * = the interval excludes 0)",
+        "",
+        "| encoder | " + " | ".join(display_name(t) if t in EVALUATIONS else "GLUE" for t in tasks) + " |",
+        "|" + "---|" * (len(tasks) + 1),
+    ]
     tests = set()
     for label, diffs in table["differences"].items():
         row = [f"{label} − {base}"]
@@ -540,8 +645,10 @@ def differences_markdown(table: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     notes = []
     if any(t.startswith("paired t") for t in tests):
-        notes.append("matched pretraining and fine-tuning seeds where both rows have them; a paired t over seeds is "
-                     "conditional on the two encoders")
+        notes.append(
+            "matched pretraining and fine-tuning seeds where both rows have them; a paired t over seeds is "
+            "conditional on the two encoders"
+        )
     if any(t.startswith("McNemar") for t in tests):
         notes.append("McNemar's test compares two encoders on the same items, so it too is conditional on them")
     lines += ["", f"Tests: {', '.join(sorted(tests))}" + (f" ({'; '.join(notes)})." if notes else ".")]
@@ -551,26 +658,34 @@ def differences_markdown(table: dict) -> str:
 def seeds_markdown(table: dict) -> str:
     """Runs per encoder needed to detect a difference, from the spreads measured here."""
     needed = table["seeds_needed"]
-    lines = ["Runs per encoder to detect a difference of 1 / 2 / 5 points (two-sided 5% test, 80% power), from the "
-             "sd of one run measured here (marked where only fine-tuning or probe seeds varied, not pretraining seeds)",
-             "", "| task | sd of one run | 1 point | 2 points | 5 points |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "Runs per encoder to detect a difference of 1 / 2 / 5 points (two-sided 5% test, 80% power), from the "
+        "sd of one run measured here (marked where only fine-tuning or probe seeds varied, not pretraining seeds)",
+        "",
+        "| task | sd of one run | 1 point | 2 points | 5 points |",
+        "|---|---|---|---|---|",
+    ]
     for t, n in needed.items():
-        lines.append(f"| {display_name(t)} | {n['sd']:.1f}{'' if n['with_pretraining_sd'] else ' (one pretraining seed)'} | "
-                     + " | ".join(str(n["runs"][f"{d:g}"]) for d in DELTAS) + " |")
+        lines.append(
+            f"| {display_name(t)} | {n['sd']:.1f}{'' if n['with_pretraining_sd'] else ' (one pretraining seed)'} | "
+            + " | ".join(str(n["runs"][f"{d:g}"]) for d in DELTAS)
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def _metric_short(m: str) -> str:
-    return {"accuracy": "acc", "mcc": "MCC", "f1": "F1", "pearson": "P", "spearman": "S"}.get(
-        m.split("_")[0], m) + ("-" + m.split("_")[1] if "_" in m else "")
+    return {"accuracy": "acc", "mcc": "MCC", "f1": "F1", "pearson": "P", "spearman": "S"}.get(m.split("_")[0], m) + (
+        "-" + m.split("_")[1] if "_" in m else ""
+    )
 
 
 def to_csv(table: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["encoder", "task", "metric", "mean", "std", "std_pretrain", "seeds", "encoders", "median", "ci_low",
-                "ci_high"])
+    w.writerow(
+        ["encoder", "task", "metric", "mean", "std", "std_pretrain", "seeds", "encoders", "median", "ci_low", "ci_high"]
+    )
 
     def num(v: float | None) -> str:
         return "" if v is None else f"{v:.4f}"
@@ -588,14 +703,49 @@ def to_csv(table: dict) -> str:
             if not c:
                 continue
             for m, (mean, std) in c["metrics"].items():
-                w.writerow([label, t, m, f"{mean:.4f}", f"{std:.4f}", num(c["pretrain_sd"][m]), len(c["seeds"]),
-                            c["encoders"], "", "", ""])
-            w.writerow([label, t, "score", f"{c['score'][0]:.4f}", f"{c['score'][1]:.4f}", num(c["pretrain_sd"]["score"]),
-                        len(c["seeds"]), c["encoders"], *interval(c.get("summary"))])
+                w.writerow(
+                    [
+                        label,
+                        t,
+                        m,
+                        f"{mean:.4f}",
+                        f"{std:.4f}",
+                        num(c["pretrain_sd"][m]),
+                        len(c["seeds"]),
+                        c["encoders"],
+                        "",
+                        "",
+                        "",
+                    ]
+                )
+            w.writerow(
+                [
+                    label,
+                    t,
+                    "score",
+                    f"{c['score'][0]:.4f}",
+                    f"{c['score'][1]:.4f}",
+                    num(c["pretrain_sd"]["score"]),
+                    len(c["seeds"]),
+                    c["encoders"],
+                    *interval(c.get("summary")),
+                ]
+            )
         if label in table["glue"]:
             g = table["glue"][label]
-            w.writerow([label, "glue", "score", f"{g['score'][0]:.4f}", f"{g['score'][1]:.4f}", num(g["pretrain_sd"]),
-                        "", n_enc, *interval(g.get("summary"))])
+            w.writerow(
+                [
+                    label,
+                    "glue",
+                    "score",
+                    f"{g['score'][0]:.4f}",
+                    f"{g['score'][1]:.4f}",
+                    num(g["pretrain_sd"]),
+                    "",
+                    n_enc,
+                    *interval(g.get("summary")),
+                ]
+            )
     return out.getvalue()
 
 
@@ -627,20 +777,45 @@ def plot(table: dict, path: Path) -> Path:
             high.append(ci[1] - mean if ci else sd)
         scratch = label.startswith("scratch")
         pos = x + (i - (len(labels) - 1) / 2) * width
-        ax.bar(pos, means, width, yerr=[low, high], capsize=3, label=label,
-               color="lightgray" if scratch else colors[i % len(colors)], edgecolor="dimgray" if scratch else "none",
-               hatch="//" if scratch else None)
+        ax.bar(
+            pos,
+            means,
+            width,
+            yerr=[low, high],
+            capsize=3,
+            label=label,
+            color="lightgray" if scratch else colors[i % len(colors)],
+            edgecolor="dimgray" if scratch else "none",
+            hatch="//" if scratch else None,
+        )
         # a zero-height bar stays visible: a thick line of its colour at its value
-        ax.hlines(means, pos - width / 2, pos + width / 2, colors="dimgray" if scratch else colors[i % len(colors)],
-                  linewidth=3, zorder=3)
+        ax.hlines(
+            means,
+            pos - width / 2,
+            pos + width / 2,
+            colors="dimgray" if scratch else colors[i % len(colors)],
+            linewidth=3,
+            zorder=3,
+        )
     labelled = False
     for j, g in enumerate(groups):
-        levels = ([table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]]
-                  if g in EVALUATIONS else [])
+        levels = (
+            [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]]
+            if g in EVALUATIONS
+            else []
+        )
         levels = [v for v in levels if v is not None]
         if levels:  # the majority-class (constant) prediction: what a model that learnt nothing scores
-            ax.hlines(float(np.mean(levels)), j - 0.45, j + 0.45, colors="black", linestyles="dashed", linewidth=1,
-                      label=None if labelled else "majority class / constant", zorder=4)
+            ax.hlines(
+                float(np.mean(levels)),
+                j - 0.45,
+                j + 0.45,
+                colors="black",
+                linestyles="dashed",
+                linewidth=1,
+                label=None if labelled else "majority class / constant",
+                zorder=4,
+            )
             labelled = True
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [display_name(g) if g in EVALUATIONS else "GLUE" for g in groups])
@@ -659,8 +834,11 @@ def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, ta
     score), a point per fraction of the budget (its FLOPs the mean over the encoders at that point),
     from the results of snapshots and final encoders. Encoders without a recorded fraction (scratch,
     outside exports) are left out; {} when no result is of a snapshot."""
-    staged = [r for r in results if (r.get("pretrained") or {}).get("fraction") is not None
-              and (task is None or r["task"] == task)]
+    staged = [
+        r
+        for r in results
+        if (r.get("pretrained") or {}).get("fraction") is not None and (task is None or r["task"] == task)
+    ]
     if all(is_final(r) for r in staged):
         return {}
     lines: dict = defaultdict(list)
@@ -675,8 +853,15 @@ def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, ta
         scores = table["glue"] if task is None else {lb: c[task] for lb, c in table["cells"].items() if task in c}
         for label, g in scores.items():
             if g.get("summary") and flops[label]:
-                lines[label].append({"fraction": fraction, "flops": float(np.mean(flops[label])), "glue": g["score"][0],
-                                     "ci": g["summary"]["ci"], "encoders": g["summary"]["encoders"]})
+                lines[label].append(
+                    {
+                        "fraction": fraction,
+                        "flops": float(np.mean(flops[label])),
+                        "glue": g["score"][0],
+                        "ci": g["summary"]["ci"],
+                        "encoders": g["summary"]["encoders"],
+                    }
+                )
     return dict(lines)
 
 
@@ -720,8 +905,15 @@ def curve_csv(lines: dict) -> str:
     return out.getvalue()
 
 
-def write_report(results: list[dict], out_dir: str | Path, baseline: str | None = None, method: str = "t",
-                 level: float = stats.LEVEL, preface: str = "", learning: dict | None = None) -> dict:
+def write_report(
+    results: list[dict],
+    out_dir: str | Path,
+    baseline: str | None = None,
+    method: str = "t",
+    level: float = stats.LEVEL,
+    preface: str = "",
+    learning: dict | None = None,
+) -> dict:
     """comparison.md, .csv, .png and .json in ``out_dir``; with snapshot results also curve.png and
     curve.csv (the table's ``curve``). ``preface``: what comparison.md says before its table (a
     study's warning about encoders that have not learned yet); ``learning``: the study's held-out
@@ -744,7 +936,9 @@ def write_report(results: list[dict], out_dir: str | Path, baseline: str | None 
         plot_curve(table["curve"], out / "curve.png", scratch)
         atomic.write_text(out / "curve.csv", curve_csv(table["curve"]))
     for task, lines in table["curves"].items():
-        scratch = {lb: c[task]["score"][0] for lb, c in table["cells"].items() if lb.startswith("scratch") and task in c}
+        scratch = {
+            lb: c[task]["score"][0] for lb, c in table["cells"].items() if lb.startswith("scratch") and task in c
+        }
         plot_curve(lines, out / f"curve-{task}.png", scratch, name=display_name(task))
         atomic.write_text(out / f"curve-{task}.csv", curve_csv(lines))
     if table["blimp"]:
@@ -755,13 +949,27 @@ def write_report(results: list[dict], out_dir: str | Path, baseline: str | None 
     return table
 
 
-def log_to_wandb(table: dict, out_dir: Path, project: str = "pretrainlab", mode: str = "offline",
-                 group: str | None = None, entity: str | None = None) -> str:
+def log_to_wandb(
+    table: dict,
+    out_dir: Path,
+    project: str = "pretrainlab",
+    mode: str = "offline",
+    group: str | None = None,
+    entity: str | None = None,
+) -> str:
     """The comparison as a W&B table, an image and the run summary (one number per encoder)."""
     import wandb
 
-    run = wandb.init(project=project, entity=entity, mode=mode, job_type="compare", group=group,
-                     dir=str(out_dir), name=f"compare-{group}" if group else "compare", reinit="finish_previous")
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        mode=mode,
+        job_type="compare",
+        group=group,
+        dir=str(out_dir),
+        name=f"compare-{group}" if group else "compare",
+        reinit="finish_previous",
+    )
     rows = []
     for label in table["labels"]:
         for t in table["tasks"]:
@@ -769,28 +977,51 @@ def log_to_wandb(table: dict, out_dir: Path, project: str = "pretrainlab", mode:
             if c:
                 for m, (mean, std) in c["metrics"].items():
                     rows.append([label, t, m, mean, std, len(c["seeds"])])
-    run.log({"glue/table": wandb.Table(columns=["encoder", "task", "metric", "mean", "std", "seeds"], data=rows),
-             "glue/plot": wandb.Image(str(out_dir / "comparison.png"))})
+    run.log(
+        {
+            "glue/table": wandb.Table(columns=["encoder", "task", "metric", "mean", "std", "seeds"], data=rows),
+            "glue/plot": wandb.Image(str(out_dir / "comparison.png")),
+        }
+    )
     lines = table.get("curve") or {}
     if lines:  # GLUE against pretraining FLOPs: a line chart of the points, the table behind it, the PNG
         labels = sorted(lines)
-        run.log({
-            "glue/curve": wandb.plot.line_series(xs=[[p["flops"] for p in lines[lb]] for lb in labels],
-                                                 ys=[[p["glue"] for p in lines[lb]] for lb in labels], keys=labels,
-                                                 title="GLUE score against pretraining FLOPs", xname="pretraining FLOPs"),
-            "glue/curve_points": wandb.Table(
-                columns=["encoder", "fraction", "flops", "glue", "ci_low", "ci_high"],
-                data=[[lb, p["fraction"], p["flops"], p["glue"], *(p["ci"] or (None, None))] for lb in labels
-                      for p in lines[lb]]),
-            "glue/curve_plot": wandb.Image(str(out_dir / "curve.png")),
-        })
+        run.log(
+            {
+                "glue/curve": wandb.plot.line_series(
+                    xs=[[p["flops"] for p in lines[lb]] for lb in labels],
+                    ys=[[p["glue"] for p in lines[lb]] for lb in labels],
+                    keys=labels,
+                    title="GLUE score against pretraining FLOPs",
+                    xname="pretraining FLOPs",
+                ),
+                "glue/curve_points": wandb.Table(
+                    columns=["encoder", "fraction", "flops", "glue", "ci_low", "ci_high"],
+                    data=[
+                        [lb, p["fraction"], p["flops"], p["glue"], *(p["ci"] or (None, None))]
+                        for lb in labels
+                        for p in lines[lb]
+                    ],
+                ),
+                "glue/curve_plot": wandb.Image(str(out_dir / "curve.png")),
+            }
+        )
     if table.get("learning"):  # what each run learned beside its trivial baseline, and which have not yet
-        run.log({"learning/table": wandb.Table(
-            columns=["run", "head", "held_out", "baseline", "baseline_name", "status"],
-            data=[[name, c["head"], c["value"], c["baseline"], c["baseline_name"], c["status"]]
-                  for name, row in sorted(table["learning"].items()) for c in row["checks"]])})
-        flagged = sorted(name for name, row in table["learning"].items()
-                         if any(c["status"] == "at baseline" for c in row["checks"]))
+        run.log(
+            {
+                "learning/table": wandb.Table(
+                    columns=["run", "head", "held_out", "baseline", "baseline_name", "status"],
+                    data=[
+                        [name, c["head"], c["value"], c["baseline"], c["baseline_name"], c["status"]]
+                        for name, row in sorted(table["learning"].items())
+                        for c in row["checks"]
+                    ],
+                )
+            }
+        )
+        flagged = sorted(
+            name for name, row in table["learning"].items() if any(c["status"] == "at baseline" for c in row["checks"])
+        )
         run.summary["learning/runs_at_baseline"] = len(flagged)
         run.summary["learning/at_baseline"] = ", ".join(flagged) or "none"
     for label, g in table["glue"].items():

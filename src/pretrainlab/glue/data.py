@@ -91,8 +91,9 @@ def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSp
         fields = line.split("\t")
         if len(fields) != width:
             if complete:
-                extra = (" (a tab inside a sentence? every column after it would be shifted)"
-                         if len(fields) > width else "")
+                extra = (
+                    " (a tab inside a sentence? every column after it would be shifted)" if len(fields) > width else ""
+                )
                 raise GlueDataError(
                     f"{path}, line {n}: {len(fields)} column(s), {spec.directory} has {width}{extra}. An "
                     f"evaluation file is read completely or not at all; repair the file (or fetch it again)."
@@ -104,8 +105,13 @@ def read_tsv(spec: TaskSpec, path: str | Path, complete: bool = False) -> GlueSp
             text_b.append(fields[spec.text_b[0]])
         labels.append(_label_value(spec, fields[spec.label[0]], f"{path}, line {n}"))
     if skipped:
-        log.warning("%s: skipped %d line(s) without the file's %d columns (lines %s)", path, len(skipped), width,
-                    ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else ""))
+        log.warning(
+            "%s: skipped %d line(s) without the file's %d columns (lines %s)",
+            path,
+            len(skipped),
+            width,
+            ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else ""),
+        )
     if not text_a:
         raise GlueDataError(f"{path} has no examples.")
     dtype = np.float32 if spec.is_regression else np.int64
@@ -129,8 +135,9 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
     """A task from the Hugging Face hub (``nyu-mll/glue``); needs network or the datasets cache.
     When the hub does not answer, the cache alone is tried, at once."""
     if not hub_offline() and not hub_reachable():
-        log.info("the Hugging Face hub is not reachable: looking for %s/%s in the datasets cache only", dataset,
-                 spec.name)
+        log.info(
+            "the Hugging Face hub is not reachable: looking for %s/%s in the datasets cache only", dataset, spec.name
+        )
         go_offline()
     from datasets import load_dataset
 
@@ -155,12 +162,22 @@ def _local_root(source: str, data_dir: str | None, cache_dir: str | None, synthe
     ``cache_dir`` first); None for the hub."""
     from pretrainlab.glue.synthetic import SyntheticGlue
 
-    return local_root("glue", source, data_dir, "GLUE directory",
-                      lambda: SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab"))
+    return local_root(
+        "glue",
+        source,
+        data_dir,
+        "GLUE directory",
+        lambda: SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab"),
+    )
 
 
-def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
-              synthetic: dict | None = None) -> dict[str, GlueSplit]:
+def load_task(
+    spec: TaskSpec,
+    source: str = "auto",
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+    synthetic: dict | None = None,
+) -> dict[str, GlueSplit]:
     """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
     else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
     back as a local directory)."""
@@ -168,8 +185,13 @@ def load_task(spec: TaskSpec, source: str = "auto", data_dir: str | None = None,
     return read_hub(spec) if root is None else read_local(spec, root)
 
 
-def data_digests(spec: TaskSpec, source: str = "auto", data_dir: str | None = None, cache_dir: str | None = None,
-                 synthetic: dict | None = None) -> dict[str, str] | None:
+def data_digests(
+    spec: TaskSpec,
+    source: str = "auto",
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+    synthetic: dict | None = None,
+) -> dict[str, str] | None:
     """The sha256 of every file ``spec`` is read from (``{"RTE/train.tsv": ..., "RTE/dev.tsv": ...}``),
     the identity of the data a result is computed on; None for the hub, whose datasets are versioned."""
     from pretrainlab.data.hashing import file_digest
@@ -178,8 +200,11 @@ def data_digests(spec: TaskSpec, source: str = "auto", data_dir: str | None = No
     if root is None:
         return None
     names = ["train.tsv", *(filename for filename, _ in spec.eval_splits.values())]
-    return {f"{spec.directory}/{n}": file_digest(root / spec.directory / n) for n in names
-            if (root / spec.directory / n).is_file()}
+    return {
+        f"{spec.directory}/{n}": file_digest(root / spec.directory / n)
+        for n in names
+        if (root / spec.directory / n).is_file()
+    }
 
 
 # --- encoding ---------------------------------------------------------------------------------------
@@ -187,10 +212,10 @@ def data_digests(spec: TaskSpec, source: str = "auto", data_dir: str | None = No
 
 @dataclass
 class EncodedSplit:
-    ids: list[np.ndarray]     # [CLS] A [SEP] (B [SEP]) per example
-    types: list[np.ndarray]   # segment ids
+    ids: list[np.ndarray]  # [CLS] A [SEP] (B [SEP]) per example
+    types: list[np.ndarray]  # segment ids
     labels: np.ndarray
-    truncated: int            # how many examples lost tokens to max_seq_len
+    truncated: int  # how many examples lost tokens to max_seq_len
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -220,7 +245,7 @@ def encode(split: GlueSplit, tokenizer: Tokenizer, tokens: SpecialTokens, max_se
         seq = [cls, *x, sep] + ([*y, sep] if y is not None else [])
         t = np.zeros(len(seq), dtype=np.int64)
         if y is not None:
-            t[len(x) + 2:] = 1
+            t[len(x) + 2 :] = 1
         ids.append(np.asarray(seq, dtype=np.int64))
         types.append(t)
     return EncodedSplit(ids, types, split.labels, truncated)

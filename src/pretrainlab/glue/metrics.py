@@ -1,9 +1,9 @@
 """GLUE metrics, as the benchmark defines them (numpy only; tested against scikit-learn / scipy).
 
-    CoLA    Matthews correlation
-    MRPC    F1 (of the positive class) and accuracy       QQP  the same
-    STS-B   Pearson and Spearman correlation
-    others  accuracy (MNLI: on the matched and the mismatched dev sets)
+CoLA    Matthews correlation
+MRPC    F1 (of the positive class) and accuracy       QQP  the same
+STS-B   Pearson and Spearman correlation
+others  accuracy (MNLI: on the matched and the mismatched dev sets)
 """
 
 from __future__ import annotations

@@ -34,12 +34,16 @@ def settings_groups(task: str) -> tuple[str, ...]:
     from pretrainlab.evaluation.tasks import EVALUATIONS
 
     return (*RESULT_SETTINGS, EVALUATIONS[task].data if task in EVALUATIONS else "glue")
+
+
 # settings added since results were first written, with the value that results without them were made with
 LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
 _RESULTS_FILE = re.compile(r"results\.json|seed\d+\.json")
 
-AGAIN = ("Delete it (or move it away) to fine-tune that task and seed again: experiments/glue.py and ablate.py re-run "
-         "exactly the results that are missing.")
+AGAIN = (
+    "Delete it (or move it away) to fine-tune that task and seed again: experiments/glue.py and ablate.py re-run "
+    "exactly the results that are missing."
+)
 
 
 class ResultError(ValueError):
@@ -71,12 +75,17 @@ def read_result(path: Path) -> dict:
         raise ResultError(f"{path} is not complete JSON ({e}): a copy or a write that was cut short? {AGAIN}") from None
     if not is_result(d) or not isinstance(d["metrics"], dict) or not d["metrics"]:
         raise ResultError(f"{path} is not a GLUE result (it needs task, seed, label and metrics). {AGAIN}")
-    bad = {k: v for k, v in d["metrics"].items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)}
+    bad = {
+        k: v
+        for k, v in d["metrics"].items()
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+    }
     if bad:
-        raise ResultError(f"{path} holds metrics that are not finite numbers ({', '.join(f'{k}={v}' for k, v in bad.items())}"
-                          f"): the fine-tuning run diverged or the file was damaged; a mean over it would be "
-                          f"meaningless. {AGAIN}")
+        raise ResultError(
+            f"{path} holds metrics that are not finite numbers ({', '.join(f'{k}={v}' for k, v in bad.items())}"
+            f"): the fine-tuning run diverged or the file was damaged; a mean over it would be "
+            f"meaningless. {AGAIN}"
+        )
     return d
 
 
@@ -91,18 +100,23 @@ def check_encoder(result: dict, identity: dict, init: str, path: Path) -> None:
     elif was.get("init") != init:
         why = f"holds init={was.get('init')} results, and the encoder asked for is init={init}"
     else:
-        why = (f"holds results of another encoder (weights {str(was.get('weights_sha256'))[:12]}, the encoder there now "
-               f"has {identity['weights_sha256'][:12]}: it was pretrained again or replaced)")
-    raise ResultError(f"{path} {why}. Use another output_dir for this encoder, or move the old results away to run "
-                      f"them again.")
+        why = (
+            f"holds results of another encoder (weights {str(was.get('weights_sha256'))[:12]}, the encoder there now "
+            f"has {identity['weights_sha256'][:12]}: it was pretrained again or replaced)"
+        )
+    raise ResultError(
+        f"{path} {why}. Use another output_dir for this encoder, or move the old results away to run them again."
+    )
 
 
 def check_place(result: dict, task: str, seed: int, path: Path) -> None:
     """Refuse ``result`` when it is of another task or seed than its file's place says (a file
     copied or renamed into the wrong place)."""
     if result["task"] != task or result["seed"] != seed:
-        raise ResultError(f"{path} holds the result of {result['task']} seed {result['seed']}, not of {task} seed "
-                          f"{seed} as its place says: it was copied or renamed. {AGAIN}")
+        raise ResultError(
+            f"{path} holds the result of {result['task']} seed {result['seed']}, not of {task} seed "
+            f"{seed} as its place says: it was copied or renamed. {AGAIN}"
+        )
 
 
 def check_settings(result: dict, now: dict, path: Path) -> None:
@@ -114,9 +128,11 @@ def check_settings(result: dict, now: dict, path: Path) -> None:
     groups = settings_groups(result["task"])
     changed = [d for group in groups for d in differences(was.get(group), now.get(group), group, LEGACY)]
     if changed:
-        raise ResultError(f"{path} was fine-tuned with other settings ({describe(changed)}): reporting it beside this "
-                          f"suite's results would mix two experiments. Use another output_dir for these settings, or "
-                          f"move the old results away to run them again.")
+        raise ResultError(
+            f"{path} was fine-tuned with other settings ({describe(changed)}): reporting it beside this "
+            f"suite's results would mix two experiments. Use another output_dir for these settings, or "
+            f"move the old results away to run them again."
+        )
 
 
 def check_data(result: dict, digests: dict | None, path: Path) -> None:
@@ -127,9 +143,11 @@ def check_data(result: dict, digests: dict | None, path: Path) -> None:
         return
     changed = sorted(name for name in set(was) | set(digests) if was.get(name) != digests.get(name))
     if changed:
-        raise ResultError(f"{path} was computed on other data: {', '.join(changed)} changed since (sha256 "
-                          f"{str(was.get(changed[0]))[:12]} then, {str(digests.get(changed[0]))[:12]} now). Its scores are "
-                          f"not this data's. {AGAIN}")
+        raise ResultError(
+            f"{path} was computed on other data: {', '.join(changed)} changed since (sha256 "
+            f"{str(was.get(changed[0]))[:12]} then, {str(digests.get(changed[0]))[:12]} now). Its scores are "
+            f"not this data's. {AGAIN}"
+        )
 
 
 def settings_of(result: dict) -> dict[str, Any]:
@@ -143,6 +161,18 @@ def settings_of(result: dict) -> dict[str, Any]:
     return out
 
 
-__all__ = ["AGAIN", "LEGACY", "RESULT_SETTINGS", "settings_groups", "ResultError", "check_data", "check_encoder", "check_place",
-           "check_settings",
-           "is_result", "is_results_file", "read_result", "settings_of"]
+__all__ = [
+    "AGAIN",
+    "LEGACY",
+    "RESULT_SETTINGS",
+    "settings_groups",
+    "ResultError",
+    "check_data",
+    "check_encoder",
+    "check_place",
+    "check_settings",
+    "is_result",
+    "is_results_file",
+    "read_result",
+    "settings_of",
+]

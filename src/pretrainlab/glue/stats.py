@@ -39,14 +39,14 @@ BOOTSTRAP_SAMPLES = 4000
 class Summary:
     """A row's estimate from ``{encoder: [scores over fine-tuning seeds]}``."""
 
-    mean: float            # mean of the encoders' means
-    median: float          # median of all scores
-    sd_ft: float           # sd over fine-tuning seeds, pooled within encoders (0 with one seed each)
-    sd_pt: float | None    # sd of the encoders' means (None with one encoder)
+    mean: float  # mean of the encoders' means
+    median: float  # median of all scores
+    sd_ft: float  # sd over fine-tuning seeds, pooled within encoders (0 with one seed each)
+    sd_pt: float | None  # sd of the encoders' means (None with one encoder)
     ci: tuple[float, float] | None  # the interval at ``level`` (None when there is a single score)
-    n: int                 # scores
+    n: int  # scores
     encoders: int
-    conditional: bool      # one encoder: the interval holds fine-tuning noise only
+    conditional: bool  # one encoder: the interval holds fine-tuning noise only
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,8 +59,8 @@ class Difference:
     mean: float
     ci: tuple[float, float] | None
     p: float | None
-    pairs: int             # matched (pretraining seed, fine-tuning seed) pairs; 0 when unpaired
-    test: str              # "paired t over encoders", "paired t over seeds", "Welch t" or "none"
+    pairs: int  # matched (pretraining seed, fine-tuning seed) pairs; 0 when unpaired
+    test: str  # "paired t over encoders", "paired t over seeds", "Welch t" or "none"
     conditional: bool
 
     @property
@@ -85,8 +85,9 @@ def _units(groups: dict) -> tuple[list[np.ndarray], np.ndarray]:
     return arrays, np.array([a.mean() for a in arrays])
 
 
-def nested_bootstrap(groups: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
-                     rng: np.random.Generator | None = None) -> tuple[float, float] | None:
+def nested_bootstrap(
+    groups: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES, rng: np.random.Generator | None = None
+) -> tuple[float, float] | None:
     """Percentile interval of the mean of encoder means, resampling the top level that varies:
     encoders (pretraining seeds) with replacement when there are several, each keeping its own
     fine-tuning scores, whose noise its mean already carries (resampling them as well would count
@@ -102,8 +103,7 @@ def nested_bootstrap(groups: dict, level: float = LEVEL, samples: int = BOOTSTRA
     return float(lo), float(hi)
 
 
-def summarize(groups: dict, level: float = LEVEL, method: str = "t",
-              rng: np.random.Generator | None = None) -> Summary:
+def summarize(groups: dict, level: float = LEVEL, method: str = "t", rng: np.random.Generator | None = None) -> Summary:
     """Mean, median, both spreads and the interval of ``{encoder: [scores]}`` (see the module docstring)."""
     if method not in METHODS:
         raise ValueError(f"interval method {method!r}: expected one of {', '.join(METHODS)}.")
@@ -116,10 +116,16 @@ def summarize(groups: dict, level: float = LEVEL, method: str = "t",
         ci = nested_bootstrap(groups, level, rng=rng)
     else:
         ci = _t_interval(means if len(arrays) > 1 else arrays[0], level)
-    return Summary(mean=float(means.mean()), median=float(np.median(every)),
-                   sd_ft=float(math.sqrt(np.mean(within))) if within else 0.0,
-                   sd_pt=float(means.std(ddof=1)) if len(arrays) > 1 else None,
-                   ci=ci, n=int(len(every)), encoders=len(arrays), conditional=len(arrays) == 1)
+    return Summary(
+        mean=float(means.mean()),
+        median=float(np.median(every)),
+        sd_ft=float(math.sqrt(np.mean(within))) if within else 0.0,
+        sd_pt=float(means.std(ddof=1)) if len(arrays) > 1 else None,
+        ci=ci,
+        n=int(len(every)),
+        encoders=len(arrays),
+        conditional=len(arrays) == 1,
+    )
 
 
 def _p_value(values: np.ndarray) -> float | None:
@@ -134,8 +140,9 @@ def _p_value(values: np.ndarray) -> float | None:
     return float(2 * sps.t.sf(abs(t), n - 1))
 
 
-def difference(row: dict, baseline: dict, level: float = LEVEL, method: str = "t",
-               rng: np.random.Generator | None = None) -> Difference:
+def difference(
+    row: dict, baseline: dict, level: float = LEVEL, method: str = "t", rng: np.random.Generator | None = None
+) -> Difference:
     """``row`` minus ``baseline``; each is ``{pretraining seed: {fine-tuning seed: score}}``
     (pretraining seed None for an encoder without one, such as scratch)."""
     if set(row) == set(baseline):  # the same pretraining seeds on both sides
@@ -149,7 +156,9 @@ def difference(row: dict, baseline: dict, level: float = LEVEL, method: str = "t
     n_pairs = sum(len(d) for d in pairs.values())
     if n_pairs >= 2:
         summary = summarize(pairs, level, method, rng)
-        units = np.array([np.mean(d) for d in pairs.values()]) if len(pairs) > 1 else np.array(next(iter(pairs.values())))
+        units = (
+            np.array([np.mean(d) for d in pairs.values()]) if len(pairs) > 1 else np.array(next(iter(pairs.values())))
+        )
         test = "paired t over encoders" if len(pairs) > 1 else "paired t over seeds"
         return Difference(summary.mean, summary.ci, _p_value(units), n_pairs, test, len(pairs) == 1)
     return unpaired(row, baseline, level)
@@ -158,6 +167,7 @@ def difference(row: dict, baseline: dict, level: float = LEVEL, method: str = "t
 def unpaired(row: dict, baseline: dict, level: float) -> Difference:
     """Unpaired: the difference of the two rows' means, Welch's t on their units (encoder means,
     or the scores of a single encoder)."""
+
     def units(side: dict) -> np.ndarray:
         groups = [np.array(list(v.values()), dtype=np.float64) for v in side.values() if v]
         return np.array([g.mean() for g in groups]) if len(groups) > 1 else (groups[0] if groups else np.array([]))
@@ -170,7 +180,7 @@ def unpaired(row: dict, baseline: dict, level: float) -> Difference:
     se = math.sqrt(va + vb)
     if se == 0.0:
         return Difference(mean, None, None, 0, "none", len(row) == 1 or len(baseline) == 1)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     h = float(sps.t.ppf(0.5 + level / 2, df)) * se
     p = float(2 * sps.t.sf(abs(mean) / se, df))
     return Difference(mean, (mean - h, mean + h), p, 0, "Welch t", len(row) == 1 or len(baseline) == 1)
@@ -188,8 +198,9 @@ def _item_draws(items: list[np.ndarray], samples: int, rng: np.random.Generator)
     return draws @ patterns / n
 
 
-def summarize_items(items: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
-                    rng: np.random.Generator | None = None) -> Summary:
+def summarize_items(
+    items: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES, rng: np.random.Generator | None = None
+) -> Summary:
     """Accuracy x 100 of ``{encoder: 0/1 outcome per item}`` (every encoder on the same items): the
     mean of the encoders' accuracies; the interval a bootstrap over items (the same resample for all
     encoders) and, with several encoders (pretraining seeds), over encoders too."""
@@ -200,13 +211,25 @@ def summarize_items(items: dict, level: float = LEVEL, samples: int = BOOTSTRAP_
     if len(arrays) > 1:
         draws = np.take_along_axis(draws, rng.integers(0, len(arrays), size=draws.shape), axis=1)
     lo, hi = np.quantile(draws.mean(axis=1), [0.5 - level / 2, 0.5 + level / 2])
-    return Summary(mean=float(acc.mean()), median=float(np.median(acc)), sd_ft=0.0,
-                   sd_pt=float(acc.std(ddof=1)) if len(acc) > 1 else None, ci=(float(lo), float(hi)),
-                   n=len(acc), encoders=len(acc), conditional=len(acc) == 1)
+    return Summary(
+        mean=float(acc.mean()),
+        median=float(np.median(acc)),
+        sd_ft=0.0,
+        sd_pt=float(acc.std(ddof=1)) if len(acc) > 1 else None,
+        ci=(float(lo), float(hi)),
+        n=len(acc),
+        encoders=len(acc),
+        conditional=len(acc) == 1,
+    )
 
 
-def item_difference(row: dict, baseline: dict, level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
-                    rng: np.random.Generator | None = None) -> Difference:
+def item_difference(
+    row: dict,
+    baseline: dict,
+    level: float = LEVEL,
+    samples: int = BOOTSTRAP_SAMPLES,
+    rng: np.random.Generator | None = None,
+) -> Difference:
     """``row`` minus ``baseline`` in accuracy x 100, each ``{pretraining seed: 0/1 outcome per item}``,
     on the same items. One encoder each: McNemar's exact test on the pairs the two disagree on, the
     interval a paired bootstrap over items. Several with the same pretraining seeds: a paired t over
@@ -221,18 +244,28 @@ def item_difference(row: dict, baseline: dict, level: float = LEVEL, samples: in
         lo, hi = np.quantile(diff, [0.5 - level / 2, 0.5 + level / 2])
         only_row, only_base = int((r & ~b).sum()), int((~r & b).sum())
         p = float(sps.binomtest(only_row, only_row + only_base, 0.5).pvalue) if only_row + only_base else None
-        return Difference(float(100.0 * (r.mean() - b.mean())), (float(lo), float(hi)), p, len(r),
-                          "McNemar (exact) over items", True)
+        return Difference(
+            float(100.0 * (r.mean() - b.mean())), (float(lo), float(hi)), p, len(r), "McNemar (exact) over items", True
+        )
     if len(seeds) >= 2:
         draws = 100.0 * _item_draws([row[k] for k in seeds] + [baseline[k] for k in seeds], samples, rng)
-        diffs = draws[:, : len(seeds)] - draws[:, len(seeds):]
+        diffs = draws[:, : len(seeds)] - draws[:, len(seeds) :]
         pick = rng.integers(0, len(seeds), size=diffs.shape)
         lo, hi = np.quantile(np.take_along_axis(diffs, pick, axis=1).mean(axis=1), [0.5 - level / 2, 0.5 + level / 2])
         per_seed = np.array([100.0 * (np.mean(row[k]) - np.mean(baseline[k])) for k in seeds])
-        return Difference(float(per_seed.mean()), (float(lo), float(hi)), _p_value(per_seed), len(seeds),
-                          "paired t over encoders", False)
-    return unpaired({k: {0: 100.0 * float(np.mean(v))} for k, v in row.items()},
-                    {k: {0: 100.0 * float(np.mean(v))} for k, v in baseline.items()}, level)
+        return Difference(
+            float(per_seed.mean()),
+            (float(lo), float(hi)),
+            _p_value(per_seed),
+            len(seeds),
+            "paired t over encoders",
+            False,
+        )
+    return unpaired(
+        {k: {0: 100.0 * float(np.mean(v))} for k, v in row.items()},
+        {k: {0: 100.0 * float(np.mean(v))} for k, v in baseline.items()},
+        level,
+    )
 
 
 def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.05, paired: bool = False) -> int:
@@ -247,5 +280,16 @@ def seeds_needed(sd: float, delta: float, power: float = 0.8, alpha: float = 0.0
     return max(2, math.ceil(k * (z * sd / delta) ** 2))
 
 
-__all__ = ["Difference", "LEVEL", "METHODS", "Summary", "difference", "item_difference", "nested_bootstrap",
-           "seeds_needed", "summarize", "summarize_items", "unpaired"]
+__all__ = [
+    "Difference",
+    "LEVEL",
+    "METHODS",
+    "Summary",
+    "difference",
+    "item_difference",
+    "nested_bootstrap",
+    "seeds_needed",
+    "summarize",
+    "summarize_items",
+    "unpaired",
+]

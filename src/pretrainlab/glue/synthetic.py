@@ -41,8 +41,17 @@ from pretrainlab.glue.tasks import TASKS
 SUITE_VERSION = 1
 
 # (train, dev) sizes at scale 1
-SIZES = {"cola": (2000, 400), "sst2": (2000, 400), "mrpc": (1200, 400), "qqp": (2000, 400), "stsb": (1200, 400),
-         "mnli": (3000, 400), "qnli": (2000, 400), "rte": (600, 200), "wnli": (300, 70)}
+SIZES = {
+    "cola": (2000, 400),
+    "sst2": (2000, 400),
+    "mrpc": (1200, 400),
+    "qqp": (2000, 400),
+    "stsb": (1200, 400),
+    "mnli": (3000, 400),
+    "qnli": (2000, 400),
+    "rte": (600, 200),
+    "wnli": (300, 70),
+}
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,17 @@ def split_words(language: SyntheticLanguage, share: float, seed: int) -> list[di
     rng = random.Random(f"unseen-{seed}-{share}")
     held = []
     for topic in language.build().topics:
-        held.append({kind: rng.sample(topic[kind], k=max(1, min(len(topic[kind]) - (1 if kind == "adjectives" else 2),
-                                                                   round(share * len(topic[kind])))))
-                     for kind in KINDS})
+        held.append(
+            {
+                kind: rng.sample(
+                    topic[kind],
+                    k=max(
+                        1, min(len(topic[kind]) - (1 if kind == "adjectives" else 2), round(share * len(topic[kind])))
+                    ),
+                )
+                for kind in KINDS
+            }
+        )
     return held
 
 
@@ -102,14 +119,16 @@ class _World:
     that side of ``held`` (``split_words``). Where a choice that must differ from a given word has
     nothing else left in its topic, it takes a word of the same side from another topic."""
 
-    def __init__(self, language: SyntheticLanguage, rng: random.Random, held: list[dict] | None = None,
-                 words: str = "all"):
+    def __init__(
+        self, language: SyntheticLanguage, rng: random.Random, held: list[dict] | None = None, words: str = "all"
+    ):
         self.lex = language.build()
         self.rng = rng
         if held is not None and words != "all":
             unseen = words == "unseen"
-            self.lex.topics = [{k: [w for w in t[k] if (w in h[k]) == unseen] for k in KINDS}
-                               for t, h in zip(self.lex.topics, held)]
+            self.lex.topics = [
+                {k: [w for w in t[k] if (w in h[k]) == unseen] for k in KINDS} for t, h in zip(self.lex.topics, held)
+            ]
             nouns = {n for t in self.lex.topics for n in t["nouns"]}
             self.lex.prefs = {v: [n for n in objs if n in nouns] for v, objs in self.lex.prefs.items()}
 
@@ -138,16 +157,26 @@ class _World:
         has_prep = r.random() < 0.4 if prep is None else prep
         return Clause(
             stage=r.choice(STAGES) if stage and r.random() < 0.5 else None,
-            subj=subj, subj_pl=r.random() < 0.4, subj_adj=self.adj(t), verb=verb,
-            obj=obj, obj_pl=r.random() < 0.4, obj_adj=self.adj(t),
+            subj=subj,
+            subj_pl=r.random() < 0.4,
+            subj_adj=self.adj(t),
+            verb=verb,
+            obj=obj,
+            obj_pl=r.random() < 0.4,
+            obj_adj=self.adj(t),
             prep=(r.choice(PREPOSITIONS), self.noun(t), r.random() < 0.4) if has_prep else None,
         )
 
     def restyle(self, c: Clause, t: int) -> Clause:
         """The same event told differently: stage, adjectives and place may change."""
         r = self.rng
-        return replace(c, stage=r.choice(STAGES) if r.random() < 0.5 else None,
-                       subj_adj=self.adj(t), obj_adj=self.adj(t), prep=c.prep if r.random() < 0.5 else None)
+        return replace(
+            c,
+            stage=r.choice(STAGES) if r.random() < 0.5 else None,
+            subj_adj=self.adj(t),
+            obj_adj=self.adj(t),
+            prep=c.prep if r.random() < 0.5 else None,
+        )
 
     def other_verb_or(self, c: Clause, t: int, slot: str, base: Clause) -> Clause:
         """``c`` with, at even odds, another verb than ``base``'s or another noun in ``slot``."""
@@ -208,8 +237,14 @@ def _qqp(w: _World, i: int, t: int) -> tuple:
     else:
         b = w.other_verb_or(a, t, "subj", base=a)
         label = 0
-    return (str(i), str(2 * i), str(2 * i + 1), _question(a, w.rng.randrange(2)),
-            _question(b, w.rng.randrange(2)), str(label))
+    return (
+        str(i),
+        str(2 * i),
+        str(2 * i + 1),
+        _question(a, w.rng.randrange(2)),
+        _question(b, w.rng.randrange(2)),
+        str(label),
+    )
 
 
 def _stsb(w: _World, i: int, t: int) -> tuple:
@@ -227,8 +262,7 @@ def _stsb(w: _World, i: int, t: int) -> tuple:
         else:
             b = replace(b, prep=(a.prep[0], w.noun(t, avoid=a.prep[1]), a.prep[2]))
     score = 5.0 * (4 - len(slots)) / 4
-    return (str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(),
-            f"{score:.3f}")
+    return (str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(), f"{score:.3f}")
 
 
 NLI = ("entailment", "neutral", "contradiction")
@@ -289,16 +323,44 @@ HEADERS = {
     "sst2": ["sentence", "label"],
     "mrpc": ["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
     "qqp": ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
-    "stsb": ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
-             "score"],
+    "stsb": [
+        "index",
+        "genre",
+        "filename",
+        "year",
+        "old_index",
+        "source1",
+        "source2",
+        "sentence1",
+        "sentence2",
+        "score",
+    ],
     "qnli": ["index", "question", "sentence", "label"],
     "rte": ["index", "sentence1", "sentence2", "label"],
     "wnli": ["index", "sentence1", "sentence2", "label"],
 }
-_MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
-BUILDERS = {"cola": _cola, "sst2": _sst2, "mrpc": _mrpc, "qqp": _qqp, "stsb": _stsb, "qnli": _qnli, "rte": _rte,
-            "wnli": _wnli}
+_MNLI_HEAD = [
+    "index",
+    "promptID",
+    "pairID",
+    "genre",
+    "sentence1_binary_parse",
+    "sentence2_binary_parse",
+    "sentence1_parse",
+    "sentence2_parse",
+    "sentence1",
+    "sentence2",
+]
+BUILDERS = {
+    "cola": _cola,
+    "sst2": _sst2,
+    "mrpc": _mrpc,
+    "qqp": _qqp,
+    "stsb": _stsb,
+    "qnli": _qnli,
+    "rte": _rte,
+    "wnli": _wnli,
+}
 
 
 def _write(path: Path, header: list[str] | None, rows: list[tuple], final_newline: bool = True) -> None:
@@ -311,15 +373,17 @@ class SyntheticGlue:
     """The suite's settings; ``write`` generates it once per settings into the cache."""
 
     seed: int = 0
-    scale: float = 1.0       # multiplies every task's train and dev size
-    language_seed: int = 0   # the pretraining corpus's language (data.seed of data=synthetic)
+    scale: float = 1.0  # multiplies every task's train and dev size
+    language_seed: int = 0  # the pretraining corpus's language (data.seed of data=synthetic)
     num_topics: int = 8
     unseen_words: float = 0.0  # share of each topic's words kept out of the training splits (dev uses only them)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.unseen_words < 1.0:
-            raise ValueError(f"glue.synthetic.unseen_words={self.unseen_words}: expected a share of each topic's "
-                             f"words in [0, 1), e.g. 0.5.")
+            raise ValueError(
+                f"glue.synthetic.unseen_words={self.unseen_words}: expected a share of each topic's "
+                f"words in [0, 1), e.g. 0.5."
+            )
 
     def key(self) -> dict:
         return {**asdict(self), "version": SUITE_VERSION}
@@ -359,5 +423,9 @@ class SyntheticGlue:
                         _write(d / "train.tsv", head, _rows(_mnli, w, n, seen))
                 else:
                     # CoLA's dev file, like the real one, has no final newline
-                    _write(d / f"{split}.tsv", HEADERS[task], _rows(BUILDERS[task], w, n, None),
-                           final_newline=not (task == "cola" and split == "dev"))
+                    _write(
+                        d / f"{split}.tsv",
+                        HEADERS[task],
+                        _rows(BUILDERS[task], w, n, None),
+                        final_newline=not (task == "cola" and split == "dev"),
+                    )

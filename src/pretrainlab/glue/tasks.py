@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class TaskSpec:
-    name: str                      # cola, sst2, ...
-    directory: str                 # CoLA, SST-2, ...: the task's name as GLUE writes it, and its local directory
-    metrics: tuple[str, ...]       # keys of pretrainlab.glue.metrics.METRICS
+    name: str  # cola, sst2, ...
+    directory: str  # CoLA, SST-2, ...: the task's name as GLUE writes it, and its local directory
+    metrics: tuple[str, ...]  # keys of pretrainlab.glue.metrics.METRICS
     labels: tuple[str, ...] | None  # label strings in label-id order; None: regression (STS-B)
     text_a: tuple[int, str | None]  # (column index, header name) in the local TSV
     text_b: tuple[int, str | None] | None
@@ -51,23 +51,80 @@ TASKS: dict[str, TaskSpec] = {
     for t in [
         TaskSpec("cola", "CoLA", ("mcc",), _BINARY, text_a=(3, None), text_b=None, label=(1, None), header=False),
         TaskSpec("sst2", "SST-2", ("accuracy",), _BINARY, text_a=(0, "sentence"), text_b=None, label=(1, "label")),
-        TaskSpec("mrpc", "MRPC", ("f1", "accuracy"), _BINARY, text_a=(3, "#1 String"), text_b=(4, "#2 String"),
-                 label=(0, "Quality"), hub_columns=("sentence1", "sentence2")),
-        TaskSpec("qqp", "QQP", ("f1", "accuracy"), _BINARY, text_a=(3, "question1"), text_b=(4, "question2"),
-                 label=(5, "is_duplicate"), hub_columns=("question1", "question2")),
-        TaskSpec("stsb", "STS-B", ("pearson", "spearman"), None, text_a=(7, "sentence1"), text_b=(8, "sentence2"),
-                 label=(9, "score"), hub_columns=("sentence1", "sentence2")),
-        TaskSpec("mnli", "MNLI", ("accuracy",), ("entailment", "neutral", "contradiction"),
-                 text_a=(8, "sentence1"), text_b=(9, "sentence2"), label=(-1, "gold_label"),
-                 hub_columns=("premise", "hypothesis"),
-                 eval_splits={"validation_matched": ("dev_matched.tsv", "_m"),
-                              "validation_mismatched": ("dev_mismatched.tsv", "_mm")}),
-        TaskSpec("qnli", "QNLI", ("accuracy",), _NLI2, text_a=(1, "question"), text_b=(2, "sentence"),
-                 label=(3, "label"), hub_columns=("question", "sentence")),
-        TaskSpec("rte", "RTE", ("accuracy",), _NLI2, text_a=(1, "sentence1"), text_b=(2, "sentence2"),
-                 label=(3, "label"), hub_columns=("sentence1", "sentence2")),
-        TaskSpec("wnli", "WNLI", ("accuracy",), _BINARY, text_a=(1, "sentence1"), text_b=(2, "sentence2"),
-                 label=(3, "label"), hub_columns=("sentence1", "sentence2")),
+        TaskSpec(
+            "mrpc",
+            "MRPC",
+            ("f1", "accuracy"),
+            _BINARY,
+            text_a=(3, "#1 String"),
+            text_b=(4, "#2 String"),
+            label=(0, "Quality"),
+            hub_columns=("sentence1", "sentence2"),
+        ),
+        TaskSpec(
+            "qqp",
+            "QQP",
+            ("f1", "accuracy"),
+            _BINARY,
+            text_a=(3, "question1"),
+            text_b=(4, "question2"),
+            label=(5, "is_duplicate"),
+            hub_columns=("question1", "question2"),
+        ),
+        TaskSpec(
+            "stsb",
+            "STS-B",
+            ("pearson", "spearman"),
+            None,
+            text_a=(7, "sentence1"),
+            text_b=(8, "sentence2"),
+            label=(9, "score"),
+            hub_columns=("sentence1", "sentence2"),
+        ),
+        TaskSpec(
+            "mnli",
+            "MNLI",
+            ("accuracy",),
+            ("entailment", "neutral", "contradiction"),
+            text_a=(8, "sentence1"),
+            text_b=(9, "sentence2"),
+            label=(-1, "gold_label"),
+            hub_columns=("premise", "hypothesis"),
+            eval_splits={
+                "validation_matched": ("dev_matched.tsv", "_m"),
+                "validation_mismatched": ("dev_mismatched.tsv", "_mm"),
+            },
+        ),
+        TaskSpec(
+            "qnli",
+            "QNLI",
+            ("accuracy",),
+            _NLI2,
+            text_a=(1, "question"),
+            text_b=(2, "sentence"),
+            label=(3, "label"),
+            hub_columns=("question", "sentence"),
+        ),
+        TaskSpec(
+            "rte",
+            "RTE",
+            ("accuracy",),
+            _NLI2,
+            text_a=(1, "sentence1"),
+            text_b=(2, "sentence2"),
+            label=(3, "label"),
+            hub_columns=("sentence1", "sentence2"),
+        ),
+        TaskSpec(
+            "wnli",
+            "WNLI",
+            ("accuracy",),
+            _BINARY,
+            text_a=(1, "sentence1"),
+            text_b=(2, "sentence2"),
+            label=(3, "label"),
+            hub_columns=("sentence1", "sentence2"),
+        ),
     ]
 }
 

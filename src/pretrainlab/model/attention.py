@@ -1,10 +1,10 @@
 """Self-attention of the shared encoder: one path for every case.
 
-    SelfAttention   project -> split heads -> attention -> merge heads -> output projection. Queries
-                    are every position, or only the rows a masked LM scores ((batch, slots)
-                    positions in each sequence); keys and values always cover every position.
-    attention       the scaled dot-product kernel: ``F.scaled_dot_product_attention``, or on CPU in
-                    eager training the same math with pretrainlab's cheap dropout (a swap-in)
+SelfAttention   project -> split heads -> attention -> merge heads -> output projection. Queries
+                are every position, or only the rows a masked LM scores ((batch, slots)
+                positions in each sequence); keys and values always cover every position.
+attention       the scaled dot-product kernel: ``F.scaled_dot_product_attention``, or on CPU in
+                eager training the same math with pretrainlab's cheap dropout (a swap-in)
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from torch import nn
 from pretrainlab.model.dropout import dropout
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              dropout_p: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+) -> torch.Tensor:
     """q (batch, heads, queries, d), k and v (batch, heads, keys, d), mask (batch, 1, 1, keys)
     bool or None -> (batch, heads, queries, d).
 
@@ -50,7 +51,9 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(batch, seq, hidden) -> the same. With ``rows`` ((batch, slots) positions in each
         sequence) only those positions query: keys and values still cover every position; returns
         (batch, slots, hidden)."""

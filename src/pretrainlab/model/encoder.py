@@ -61,8 +61,16 @@ class EncoderConfig:
             self.intermediate_size = 4 * self.hidden_size
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size", "embedding_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "embedding_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}.")
@@ -95,8 +103,15 @@ class EncoderConfig:
         heads = max(1, hidden // 64)
         while hidden % heads:
             heads -= 1
-        return EncoderConfig(**{**self.to_dict(), "hidden_size": hidden, "num_heads": heads,
-                                "intermediate_size": 4 * hidden, "add_pooler": False})
+        return EncoderConfig(
+            **{
+                **self.to_dict(),
+                "hidden_size": hidden,
+                "num_heads": heads,
+                "intermediate_size": 4 * hidden,
+                "add_pooler": False,
+            }
+        )
 
 
 class EncoderOutput(NamedTuple):
@@ -140,7 +155,9 @@ class Layer(nn.Module):
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(batch, seq, hidden) -> the same. With ``rows`` ((batch, slots) positions in each sequence)
         every position is still attended to, but only those query, and only they go through the
         feed-forward: (batch, slots, hidden)."""
@@ -214,8 +231,12 @@ class Encoder(nn.Module):
         # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real
         # batch needs no mask; on CPU in eager mode checking costs nothing and saves a pass per layer.
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        if (attn_mask is not None and attn_mask.device.type == "cpu" and not torch.compiler.is_compiling()
-                and bool(attn_mask.all())):
+        if (
+            attn_mask is not None
+            and attn_mask.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and bool(attn_mask.all())
+        ):
             attn_mask = None
         if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
             rows = torch.cat([rows.new_zeros(b, 1), rows], dim=1)
@@ -265,4 +286,12 @@ def count_parameters(cfg: EncoderConfig) -> int:
         return Encoder(cfg).num_parameters()
 
 
-__all__ = ["ConfigError", "Embeddings", "Encoder", "EncoderConfig", "EncoderOutput", "count_parameters", "flops_per_token"]
+__all__ = [
+    "ConfigError",
+    "Embeddings",
+    "Encoder",
+    "EncoderConfig",
+    "EncoderOutput",
+    "count_parameters",
+    "flops_per_token",
+]

@@ -38,8 +38,14 @@ class MaskedLMHead(nn.Module):
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(F.gelu(self.dense(hidden)))
 
-    def loss(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, labels: torch.Tensor,
-             temperature: float | None = None, uniform: torch.Tensor | None = None):
+    def loss(
+        self,
+        hidden: torch.Tensor,
+        word_embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float | None = None,
+        uniform: torch.Tensor | None = None,
+    ):
         """Mean cross-entropy of the slots' logits against ``labels`` and the accuracy of their
         argmax, over the slots whose label is not ``IGNORE``; with ``temperature``, also one sample
         per slot from softmax(logits / temperature), by inverse CDF at ``uniform``. hidden (..., d),
@@ -53,12 +59,19 @@ class MaskedLMHead(nn.Module):
         hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
         uniform = None if uniform is None else uniform.reshape(-1)
         if hidden.device.type != "cpu" or torch.compiler.is_compiling():
-            out = plain_cross_entropy(self.transform(hidden), word_embeddings, self.bias, labels, IGNORE, temperature,
-                                      uniform)
+            out = plain_cross_entropy(
+                self.transform(hidden), word_embeddings, self.bias, labels, IGNORE, temperature, uniform
+            )
             return out if temperature is None else (*out[:2], out[2].view(shape))
         rows = (labels != IGNORE).nonzero().squeeze(1)
-        out = linear_cross_entropy(self.transform(hidden[rows]), word_embeddings, self.bias, labels[rows], temperature,
-                                   None if uniform is None else uniform[rows])
+        out = linear_cross_entropy(
+            self.transform(hidden[rows]),
+            word_embeddings,
+            self.bias,
+            labels[rows],
+            temperature,
+            None if uniform is None else uniform[rows],
+        )
         if temperature is None:
             return out
         samples = torch.full_like(labels, IGNORE).index_put_((rows,), out[2])
@@ -91,4 +104,3 @@ class TokenHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.out(F.gelu(self.dense(hidden))).squeeze(-1)
-

@@ -43,7 +43,9 @@ def _sample(kept, maxes, masses, final_max, temperature, uniform, slice_size) ->
     exp(logits - max_j): first the slice (by its mass), then the word within it, one uniform per row."""
     n, device = final_max.shape[0], final_max.device
     # slice masses on a common scale: sum exp((logits - final max) / T)
-    weights = torch.stack(masses, 1).double() * torch.exp((torch.stack(maxes, 1).double() - final_max.double()[:, None]) / temperature)
+    weights = torch.stack(masses, 1).double() * torch.exp(
+        (torch.stack(maxes, 1).double() - final_max.double()[:, None]) / temperature
+    )
     cdf = weights.cumsum(1)
     point = uniform.to(device, torch.float64) * cdf[:, -1]
     chosen = torch.searchsorted(cdf, point[:, None], right=True).squeeze(1).clamp_(max=len(kept) - 1)
@@ -144,8 +146,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_b is not None:
                 grad_b.index_add_(0, labels, minus)
         in_h, in_w = ctx.in_dtypes
-        return (grad_h.to(in_h) if grad_h is not None else None, grad_w.to(in_w) if grad_w is not None else None,
-                grad_b.to(in_w) if grad_b is not None else None, None, None, None, None)
+        return (
+            grad_h.to(in_h) if grad_h is not None else None,
+            grad_w.to(in_w) if grad_w is not None else None,
+            grad_b.to(in_w) if grad_b is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def linear_cross_entropy(
@@ -167,14 +176,22 @@ def linear_cross_entropy(
     ``F.cross_entropy``.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"expected hidden (n, d) and weight (vocab, d), got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"expected hidden (n, d) and weight (vocab, d), got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     size = slice_size or _slice_size(hidden.device)
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, temperature, uniform, size)
 
 
-def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                        ignore_index: int = -100, temperature: float | None = None,
-                        uniform: torch.Tensor | None = None):
+def plain_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    temperature: float | None = None,
+    uniform: torch.Tensor | None = None,
+):
     """As :func:`linear_cross_entropy`, from the full (rows x vocab) logits; rows labelled
     ``ignore_index`` count nowhere (their sample is ``ignore_index``). Every shape is the input's,
     nothing waits for the device: the path for GPUs and for ``torch.compile``."""

@@ -36,8 +36,9 @@ class ALBERT(BERT):
 
     pair_task = "sop"
 
-    def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "albert",
-                 max_ngram: int = 3, **kwargs):
+    def __init__(
+        self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "albert", max_ngram: int = 3, **kwargs
+    ):
         super().__init__(encoder_config, tokens, name, **kwargs)
         if max_ngram < 1:
             raise ValueError(f"objective.max_ngram must be at least 1, got {max_ngram}.")

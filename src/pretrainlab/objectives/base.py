@@ -106,8 +106,10 @@ class Objective(nn.Module):
         natural text. Minimal pairs (BLiMP) compare these scores. ``max_tokens``: about how many
         tokens go through the encoder at once. Objectives are expected to run in eval mode, without
         gradients; those that define no likelihood raise NotImplementedError."""
-        raise NotImplementedError(f"objective {self.name} defines no zero-shot sentence score: implement "
-                                  f"sentence_scores to evaluate it on minimal pairs.")
+        raise NotImplementedError(
+            f"objective {self.name} defines no zero-shot sentence score: implement "
+            f"sentence_scores to evaluate it on minimal pairs."
+        )
 
     def tally(self, encoder: Encoder, batch: Batch) -> Tally:
         """What each head gets right on a held-out ``batch``, as sums that add over batches and ranks

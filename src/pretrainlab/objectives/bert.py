@@ -25,11 +25,20 @@ class BERT(MaskedLM):
 
     pair_task = "nsp"
 
-    def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "bert",
-                 short_seq_prob: float = 0.1, pair_weight: float = 1.0, **masking):
+    def __init__(
+        self,
+        encoder_config: EncoderConfig,
+        tokens: SpecialTokens,
+        name: str = "bert",
+        short_seq_prob: float = 0.1,
+        pair_weight: float = 1.0,
+        **masking,
+    ):
         if not encoder_config.add_pooler:
-            raise ConfigError(f"objective={name} predicts {self.pair_task.upper()} from the pooled [CLS] vector: set "
-                              f"model.add_pooler=true.")
+            raise ConfigError(
+                f"objective={name} predicts {self.pair_task.upper()} from the pooled [CLS] vector: set "
+                f"model.add_pooler=true."
+            )
         super().__init__(encoder_config, tokens, name, **masking)
         self.short_seq_prob, self.pair_weight = short_seq_prob, pair_weight
         self.pair_head = PairHead(encoder_config.hidden_size)
@@ -52,8 +61,9 @@ class BERT(MaskedLM):
     @torch.no_grad()
     def tally(self, encoder: Encoder, batch: Batch) -> Tally:
         out = self.encode(encoder, batch)
-        return self.mlm_tally(out, encoder, batch) | pair_tally(self.pair_task, self.pair_head(out.pooled).float(),
-                                                                batch["labels"])
+        return self.mlm_tally(out, encoder, batch) | pair_tally(
+            self.pair_task, self.pair_head(out.pooled).float(), batch["labels"]
+        )
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
         metrics, checks = super().learning(tally)

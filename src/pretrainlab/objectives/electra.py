@@ -96,8 +96,9 @@ class ELECTRA(Objective):
         # generator: masked LM on the corrupted input, through the shared embeddings, and one sample
         # from it at each masked position (no gradient flows through the sample)
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
-        gen_loss, gen_acc, sampled = self.generator_head.loss(gen.hidden_states, word_embeddings, originals,
-                                                              self.temperature, batch["sample_uniform"])
+        gen_loss, gen_acc, sampled = self.generator_head.loss(
+            gen.hidden_states, word_embeddings, originals, self.temperature, batch["sample_uniform"]
+        )
         disc_ids, replaced = self.replace(ids, positions, originals, sampled)
 
         # discriminator: replaced or original, for every non-padding token
@@ -125,14 +126,16 @@ class ELECTRA(Objective):
 
     @staticmethod
     @torch.no_grad()
-    def replace(ids: torch.Tensor, positions: torch.Tensor, originals: torch.Tensor,
-                sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def replace(
+        ids: torch.Tensor, positions: torch.Tensor, originals: torch.Tensor, sampled: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The discriminator's input (the generator's samples at the masked positions) and its
         target (1.0 where a token was replaced; a sample equal to the original is "original")."""
         scored = originals != IGNORE  # empty slots point at [CLS] and change nothing
         disc_ids = ids.scatter(1, positions, torch.where(scored, sampled, ids.gather(1, positions)))
         replaced = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device).scatter(
-            1, positions, (scored & (sampled != originals)).float())
+            1, positions, (scored & (sampled != originals)).float()
+        )
         return disc_ids, replaced
 
     @torch.no_grad()
@@ -143,19 +146,29 @@ class ELECTRA(Objective):
         positions, originals = batch["mlm_positions"], batch["mlm_labels"]
         weight = encoder.embeddings.word_embeddings.weight
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
-        _, _, sampled = self.generator_head.loss(gen.hidden_states, weight, originals, self.temperature,
-                                                 batch["sample_uniform"])
+        _, _, sampled = self.generator_head.loss(
+            gen.hidden_states, weight, originals, self.temperature, batch["sample_uniform"]
+        )
         head = self.generator_head
-        counts = masked_tally("gen", lambda h: F.linear(head.transform(h), weight, head.bias), gen.hidden_states,
-                              originals, ids.gather(1, positions), self.tokens.mask_id, weight.shape[0])
+        counts = masked_tally(
+            "gen",
+            lambda h: F.linear(head.transform(h), weight, head.bias),
+            gen.hidden_states,
+            originals,
+            ids.gather(1, positions),
+            self.tokens.mask_id,
+            weight.shape[0],
+        )
         disc_ids, replaced = self.replace(ids, positions, originals, sampled)
         logits = self.discriminator_head(encoder(disc_ids, types, attention).hidden_states)
         return counts | detection_tally("rtd", logits, replaced, attention)
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
         gen, rtd = masked_metrics("gen", tally), detection_metrics("rtd", tally)
-        return gen | rtd, [detection_check("replaced-token detection", "rtd", rtd),
-                           masked_check("generator at [MASK]", "gen", gen)]
+        return gen | rtd, [
+            detection_check("replaced-token detection", "rtd", rtd),
+            masked_check("generator at [MASK]", "gen", gen),
+        ]
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
@@ -168,7 +181,7 @@ class ELECTRA(Objective):
         for length, members in by_length(sequences).items():
             step = max(1, max_tokens // length)
             for start in range(0, len(members), step):
-                chunk = members[start:start + step]
+                chunk = members[start : start + step]
                 ids = torch.as_tensor(np.stack([sequences[i] for i in chunk]), dtype=torch.long, device=device)
                 logits = self.discriminator_head(encoder(ids, None, None).hidden_states).double()
                 original = -F.softplus(logits) * (~torch.isin(ids, special))
@@ -190,7 +203,8 @@ class ELECTRA(Objective):
             return None
         p = "discriminator_predictions."
         return "ElectraForPreTraining", {f"{p}dense.{w}": state[f"{src}dense.{w}"] for w in ("weight", "bias")} | {
-            f"{p}dense_prediction.{w}": state[f"{src}out.{w}"] for w in ("weight", "bias")}
+            f"{p}dense_prediction.{w}": state[f"{src}out.{w}"] for w in ("weight", "bias")
+        }
 
 
 __all__ = ["ELECTRA", "ElectraCollator"]

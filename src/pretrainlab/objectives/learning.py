@@ -47,13 +47,13 @@ Tally = dict[str, torch.Tensor]
 class HeadCheck:
     """One head's held-out score beside its trivial baseline, and the verdict."""
 
-    head: str            # "MLM at [MASK]"
-    metric: str          # the metric's name in the run's logs: "mlm_acc_at_mask"
+    head: str  # "MLM at [MASK]"
+    metric: str  # the metric's name in the run's logs: "mlm_acc_at_mask"
     value: float
     baseline: float
-    baseline_name: str   # "most frequent token"
-    status: str          # AT, ABOVE or PAST
-    detail: str = ""     # further numbers worth reading beside it
+    baseline_name: str  # "most frequent token"
+    status: str  # AT, ABOVE or PAST
+    detail: str = ""  # further numbers worth reading beside it
 
     @property
     def at_baseline(self) -> bool:
@@ -82,9 +82,16 @@ def to_host(tally: Tally) -> dict[str, float | list[float]]:
 
 
 # --- masked-LM heads ---------------------------------------------------------------------------------
-def masked_tally(prefix: str, logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                 labels: torch.Tensor, shown: torch.Tensor, mask_id: int, vocab_size: int,
-                 chunk: int = 2048) -> Tally:
+def masked_tally(
+    prefix: str,
+    logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    shown: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    chunk: int = 2048,
+) -> Tally:
     """Counts of a masked-LM head at its selected positions, by what the model was shown there.
 
     hidden (batch, slots, d): the encoder's output at the selected positions; labels (batch, slots):
@@ -98,9 +105,9 @@ def masked_tally(prefix: str, logits: Callable[[torch.Tensor], torch.Tensor], hi
     correct = torch.zeros(len(y), dtype=torch.bool, device=y.device)
     nll = torch.zeros(len(y), dtype=torch.float64, device=y.device)
     for s in range(0, len(y), chunk):
-        z = logits(h[s:s + chunk]).float()
-        correct[s:s + chunk] = z.argmax(-1) == y[s:s + chunk]
-        nll[s:s + chunk] = F.cross_entropy(z, y[s:s + chunk], reduction="none").double()
+        z = logits(h[s : s + chunk]).float()
+        correct[s : s + chunk] = z.argmax(-1) == y[s : s + chunk]
+        nll[s : s + chunk] = F.cross_entropy(z, y[s : s + chunk], reduction="none").double()
     out: Tally = {}
     for k, name in enumerate(KINDS):
         sel = kind == k
@@ -133,10 +140,14 @@ def masked_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
     value, base = m[f"{prefix}_acc_at_mask"], m[f"{prefix}_unigram_acc"]
     beats_frequencies = m[f"{prefix}_loss_at_mask"] < m[f"{prefix}_unigram_loss"]
     status = AT if value < 1.25 * base else PAST if value >= 2 * base and beats_frequencies else ABOVE
-    shown = ", ".join(f"at {name} positions {m[f'{prefix}_acc_at_{name}']:.3f}" for name in KINDS[1:]
-                      if math.isfinite(m[f"{prefix}_acc_at_{name}"]))
-    detail = (f"loss at [MASK] {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}"
-              + (f"; accuracy {shown}" if shown else ""))
+    shown = ", ".join(
+        f"at {name} positions {m[f'{prefix}_acc_at_{name}']:.3f}"
+        for name in KINDS[1:]
+        if math.isfinite(m[f"{prefix}_acc_at_{name}"])
+    )
+    detail = f"loss at [MASK] {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}" + (
+        f"; accuracy {shown}" if shown else ""
+    )
     return HeadCheck(head, f"{prefix}_acc_at_mask", value, base, "most frequent token", status, detail)
 
 
@@ -180,8 +191,9 @@ def detection_metrics(prefix: str, tally: dict) -> dict[str, float]:
         f"{prefix}_acc": (tp + (n - n_rep - fp)) / n if n else math.nan,  # (true positives + true negatives) / n
         f"{prefix}_loss": tally[f"{prefix}_nll"] / n if n else math.nan,
         f"{prefix}_base_acc": 1 - rate,  # always "original"
-        f"{prefix}_base_loss": (-(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
-                                if 0 < rate < 1 else 0.0),  # the base rate, every token alike
+        f"{prefix}_base_loss": (
+            -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)) if 0 < rate < 1 else 0.0
+        ),  # the base rate, every token alike
         f"{prefix}_replaced_frac": rate,
     }
 
@@ -189,23 +201,30 @@ def detection_metrics(prefix: str, tally: dict) -> dict[str, float]:
 def detection_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
     recall, auc = m[f"{prefix}_recall"], m[f"{prefix}_auc"]
     status = PAST if auc >= 0.75 and recall >= 0.1 else AT if recall < 0.02 or auc < 0.55 else ABOVE
-    detail = (f"recall {recall:.3f}, precision {m[f'{prefix}_precision']:.3f}, accuracy {m[f'{prefix}_acc']:.3f} "
-              f"(always original: {m[f'{prefix}_base_acc']:.3f}), loss {m[f'{prefix}_loss']:.4f} "
-              f"(base rate: {m[f'{prefix}_base_loss']:.4f})")
+    detail = (
+        f"recall {recall:.3f}, precision {m[f'{prefix}_precision']:.3f}, accuracy {m[f'{prefix}_acc']:.3f} "
+        f"(always original: {m[f'{prefix}_base_acc']:.3f}), loss {m[f'{prefix}_loss']:.4f} "
+        f"(base rate: {m[f'{prefix}_base_loss']:.4f})"
+    )
     return HeadCheck(head, f"{prefix}_auc", auc, 0.5, "always original", status, detail)
 
 
 # --- sentence-pair heads -----------------------------------------------------------------------------
 def pair_tally(prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> Tally:
-    return {f"{prefix}_n": torch.tensor(float(len(labels)), dtype=torch.float64, device=labels.device),
-            f"{prefix}_correct": (logits.argmax(-1) == labels).sum().double(),
-            f"{prefix}_positive": labels.sum().double()}
+    return {
+        f"{prefix}_n": torch.tensor(float(len(labels)), dtype=torch.float64, device=labels.device),
+        f"{prefix}_correct": (logits.argmax(-1) == labels).sum().double(),
+        f"{prefix}_positive": labels.sum().double(),
+    }
 
 
 def pair_metrics(prefix: str, tally: dict) -> dict[str, float]:
     n, correct, positive = (tally[f"{prefix}_{k}"] for k in ("n", "correct", "positive"))
-    return {f"{prefix}_acc": correct / n if n else math.nan,
-            f"{prefix}_majority": max(positive, n - positive) / n if n else math.nan, f"{prefix}_n": n}
+    return {
+        f"{prefix}_acc": correct / n if n else math.nan,
+        f"{prefix}_majority": max(positive, n - positive) / n if n else math.nan,
+        f"{prefix}_n": n,
+    }
 
 
 def pair_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
@@ -215,6 +234,22 @@ def pair_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
     return HeadCheck(head, f"{prefix}_acc", acc, base, "majority label", status, f"{int(n)} pairs")
 
 
-__all__ = ["ABOVE", "AT", "PAST", "HeadCheck", "Tally", "add", "auc_from_histograms", "detection_check",
-           "detection_metrics", "detection_tally", "masked_check", "masked_metrics", "masked_tally",
-           "pair_check", "pair_metrics", "pair_tally", "to_host"]
+__all__ = [
+    "ABOVE",
+    "AT",
+    "PAST",
+    "HeadCheck",
+    "Tally",
+    "add",
+    "auc_from_histograms",
+    "detection_check",
+    "detection_metrics",
+    "detection_tally",
+    "masked_check",
+    "masked_metrics",
+    "masked_tally",
+    "pair_check",
+    "pair_metrics",
+    "pair_tally",
+    "to_host",
+]

@@ -1,11 +1,11 @@
 """Masked language modelling, the part RoBERTa, BERT and ALBERT share (and ELECTRA's generator uses).
 
-    MaskedLMCollator  pads a batch, selects ~rate of its tokens and corrupts them (80/10/10); the
-                      batch carries their positions and original ids per sequence (``mlm_positions``,
-                      ``mlm_labels``, (batch, slots)), so only they are scored
-    MaskedLM          the base of masked-LM objectives: masking settings, the MLM head tied to the
-                      word embeddings, its loss, its FLOPs and its Hugging Face export
-    mlm_head_flops    the cost of a sparse tied MLM head
+MaskedLMCollator  pads a batch, selects ~rate of its tokens and corrupts them (80/10/10); the
+                  batch carries their positions and original ids per sequence (``mlm_positions``,
+                  ``mlm_labels``, (batch, slots)), so only they are scored
+MaskedLM          the base of masked-LM objectives: masking settings, the MLM head tied to the
+                  word embeddings, its loss, its FLOPs and its Hugging Face export
+mlm_head_flops    the cost of a sparse tied MLM head
 """
 
 from __future__ import annotations
@@ -82,8 +82,15 @@ class MaskedLM(Objective):
     Subclasses choose the examples (``example_builder``) and may add heads; ``forward`` of a plain
     masked LM is complete here."""
 
-    def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str, mask_rate: float = 0.15,
-                 mask_token_prob: float = 0.8, random_token_prob: float = 0.1):
+    def __init__(
+        self,
+        encoder_config: EncoderConfig,
+        tokens: SpecialTokens,
+        name: str,
+        mask_rate: float = 0.15,
+        mask_token_prob: float = 0.8,
+        random_token_prob: float = 0.1,
+    ):
         super().__init__(encoder_config, tokens, name)
         self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
         self.mlm_head = MaskedLMHead.for_encoder(encoder_config)
@@ -93,8 +100,9 @@ class MaskedLM(Objective):
 
     def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
         """The encoder's output at the masked rows (and the pooled [CLS], when it has a pooler)."""
-        return encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
-                       rows=batch["mlm_positions"])
+        return encoder(
+            batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], rows=batch["mlm_positions"]
+        )
 
     def mlm_loss(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, accuracy) over the masked positions, whose hidden states ``out`` holds as (batch,
@@ -109,8 +117,15 @@ class MaskedLM(Objective):
         """The MLM head's counts at the selected positions, by what the encoder was shown there."""
         weight = encoder.embeddings.word_embeddings.weight
         shown = batch["input_ids"].gather(1, batch["mlm_positions"])
-        return masked_tally("mlm", lambda h: F.linear(self.mlm_head.transform(h), weight, self.mlm_head.bias),
-                            out.hidden_states, batch["mlm_labels"], shown, self.tokens.mask_id, weight.shape[0])
+        return masked_tally(
+            "mlm",
+            lambda h: F.linear(self.mlm_head.transform(h), weight, self.mlm_head.bias),
+            out.hidden_states,
+            batch["mlm_labels"],
+            shown,
+            self.tokens.mask_id,
+            weight.shape[0],
+        )
 
     @torch.no_grad()
     def tally(self, encoder: Encoder, batch: Batch) -> Tally:
@@ -135,13 +150,14 @@ class MaskedLM(Objective):
             sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
             step = max(1, max_tokens // length)
             for start in range(0, len(sentence), step):
-                s, p = sentence[start:start + step], position[start:start + step]
+                s, p = sentence[start : start + step], position[start : start + step]
                 copies = ids[s].clone()
                 target = copies[torch.arange(len(p), device=device), p]
                 copies[torch.arange(len(p), device=device), p] = self.tokens.mask_id
                 hidden = encoder(copies, None, None, rows=p[:, None]).hidden_states[:, 0]
-                logits = F.linear(self.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight,
-                                  self.mlm_head.bias).float()
+                logits = F.linear(
+                    self.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight, self.mlm_head.bias
+                ).float()
                 logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
                 scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
         return scores.cpu().numpy()
@@ -157,12 +173,20 @@ class MaskedLM(Objective):
         if f"{src}dense.weight" not in state or arch not in ("bert", "albert"):
             return None
         # BERT keeps the transform under cls.predictions.transform, ALBERT directly under predictions
-        p, transform, head_class = {"bert": ("cls.predictions.", "cls.predictions.transform.", "BertForMaskedLM"),
-                                    "albert": ("predictions.", "predictions.", "AlbertForMaskedLM")}[arch]
-        tensors = {f"{transform}{theirs}.{w}": state[f"{src}{ours}.{w}"]
-                   for ours, theirs in (("dense", "dense"), ("norm", "LayerNorm")) for w in ("weight", "bias")}
-        tensors |= {f"{p}bias": state[f"{src}bias"], f"{p}decoder.bias": state[f"{src}bias"],
-                    f"{p}decoder.weight": state["encoder.embeddings.word_embeddings.weight"]}  # tied
+        p, transform, head_class = {
+            "bert": ("cls.predictions.", "cls.predictions.transform.", "BertForMaskedLM"),
+            "albert": ("predictions.", "predictions.", "AlbertForMaskedLM"),
+        }[arch]
+        tensors = {
+            f"{transform}{theirs}.{w}": state[f"{src}{ours}.{w}"]
+            for ours, theirs in (("dense", "dense"), ("norm", "LayerNorm"))
+            for w in ("weight", "bias")
+        }
+        tensors |= {
+            f"{p}bias": state[f"{src}bias"],
+            f"{p}decoder.bias": state[f"{src}bias"],
+            f"{p}decoder.weight": state["encoder.embeddings.word_embeddings.weight"],
+        }  # tied
         return head_class, tensors
 
 

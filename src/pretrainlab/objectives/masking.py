@@ -1,10 +1,10 @@
 """Pure tensor functions for masked-LM corruption. No global RNG: every call takes a generator.
 
-    select_tokens       choose ~rate of the eligible tokens of each row (unbiased, exact per row)
-    select_ngrams       ALBERT's n-gram spans over whole words, p(n) proportional to 1/n
-    corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable)
-    slot_layout         the selected positions of each row, as (batch, slots) with their labels
-    max_selected        the most tokens a row of a given width can have selected (a fixed slot count)
+select_tokens       choose ~rate of the eligible tokens of each row (unbiased, exact per row)
+select_ngrams       ALBERT's n-gram spans over whole words, p(n) proportional to 1/n
+corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable)
+slot_layout         the selected positions of each row, as (batch, slots) with their labels
+max_selected        the most tokens a row of a given width can have selected (a fixed slot count)
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ class MaskingConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.rate < 1.0:
             raise ValueError(f"objective.mask_rate must be in (0, 1), got {self.rate}.")
-        if self.mask_token_prob < 0 or self.random_token_prob < 0 or self.mask_token_prob + self.random_token_prob > 1.0:
+        if (
+            self.mask_token_prob < 0
+            or self.random_token_prob < 0
+            or self.mask_token_prob + self.random_token_prob > 1.0
+        ):
             raise ValueError(
                 f"objective.mask_token_prob ({self.mask_token_prob}) + objective.random_token_prob "
                 f"({self.random_token_prob}) must be non-negative and sum to at most 1; the rest stays unchanged."
@@ -110,7 +114,7 @@ def ngram_spans(
         d += 1
         if n == 0:
             continue
-        taken[w:w + n] = True
+        taken[w : w + n] = True
         covered += int(ends[w + n - 1] - starts[w])
         spans.append((w, n))
     return spans
@@ -134,7 +138,7 @@ def select_ngrams(
     for row, budget in enumerate(budgets):
         starts, ends = word_spans(elig[row], cont[row])
         for w, n in ngram_spans(starts, ends, budget, max_n, generator):
-            out[row, starts[w]:ends[w + n - 1]] = True
+            out[row, starts[w] : ends[w + n - 1]] = True
     return torch.from_numpy(out)
 
 
@@ -144,7 +148,9 @@ def max_selected(width: int, rate: float) -> int:
     return int(width * rate) + 1
 
 
-def slot_layout(selected: torch.Tensor, labels: torch.Tensor, slots: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_layout(
+    selected: torch.Tensor, labels: torch.Tensor, slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, labels), each (batch, slots): row i's selected positions in increasing order,
     then empty slots at position 0 with label ``IGNORE``. ``slots``: a fixed count (static shapes),
     else the most any row has."""

@@ -41,9 +41,18 @@ log = logging.getLogger("pretrainlab")
 
 
 class PretrainModule(L.LightningModule):
-    def __init__(self, encoder_config: EncoderConfig, objective: Objective, optim: OptimConfig, budget: Budget,
-                 seq_len: int, seed: int = 0, on_nonfinite: str = "stop", run_info: dict | None = None,
-                 compile: dict | None = None):
+    def __init__(
+        self,
+        encoder_config: EncoderConfig,
+        objective: Objective,
+        optim: OptimConfig,
+        budget: Budget,
+        seq_len: int,
+        seed: int = 0,
+        on_nonfinite: str = "stop",
+        run_info: dict | None = None,
+        compile: dict | None = None,
+    ):
         """``budget``: how long to train (``Budget("steps", max_steps)`` for a plain run);
         ``run_info``: what checkpoints record of the run (objective and model settings), so that a
         resumed run can be checked against it (``pretrainlab.runtime.checkpoints``); ``compile``:
@@ -124,8 +133,11 @@ class PretrainModule(L.LightningModule):
         self.batch_tokens = None
         if self.on_nonfinite == "skip" and not self._finite(loss):
             self.skipped_batches += 1
-            log.warning("non-finite training loss at step %d: batch skipped (%d so far)", self.global_step,
-                        int(self.skipped_batches))
+            log.warning(
+                "non-finite training loss at step %d: batch skipped (%d so far)",
+                self.global_step,
+                int(self.skipped_batches),
+            )
             return None  # no backward, no optimizer step for this batch
         if self.on_nonfinite == "stop":
             self.nonfinite.record(loss)
@@ -166,10 +178,17 @@ class PretrainModule(L.LightningModule):
                 dist.all_reduce(value)
         metrics, self.learning_checks = self.objective.learning(learning.to_host(self._tally))
         self._tally = None
-        self.learning_row = {"step": self.global_step, "tokens": self._tokens,
-                             "flops": self._tokens * self.flops_per_token, **metrics,
-                             **{f"{key}:{c.head}": getattr(c, key) for c in self.learning_checks
-                                for key in ("value", "baseline", "status")}}
+        self.learning_row = {
+            "step": self.global_step,
+            "tokens": self._tokens,
+            "flops": self._tokens * self.flops_per_token,
+            **metrics,
+            **{
+                f"{key}:{c.head}": getattr(c, key)
+                for c in self.learning_checks
+                for key in ("value", "baseline", "status")
+            },
+        }
         for name, value in metrics.items():
             if np.isfinite(value):
                 self.log(f"learning/{name}", float(value), batch_size=1)
@@ -200,8 +219,11 @@ class PretrainModule(L.LightningModule):
 
     def check_finite(self) -> None:
         """Stop with a FloatingPointError naming the first step whose loss was not finite, if any."""
-        self.nonfinite.check("training loss", "Lower optim.lr, raise optim.warmup, or use trainer.precision=bf16-mixed "
-                                              "instead of 16-mixed; on_nonfinite=skip skips such batches instead.")
+        self.nonfinite.check(
+            "training loss",
+            "Lower optim.lr, raise optim.warmup, or use trainer.precision=bf16-mixed "
+            "instead of 16-mixed; on_nonfinite=skip skips such batches instead.",
+        )
 
     # --- budget ----------------------------------------------------------------------------------
     def budget_used(self) -> float:
@@ -247,7 +269,10 @@ class PretrainModule(L.LightningModule):
     def configure_optimizers(self):
         mixed = "mixed" in str(self.trainer.precision) if self._trainer is not None else False
         opt = self.optim.optimizer(self, mixed)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.budget.schedule(opt, self.optim), "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": self.budget.schedule(opt, self.optim), "interval": "step"},
+        }
 
 
 __all__ = ["PretrainModule"]

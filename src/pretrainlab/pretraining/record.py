@@ -54,20 +54,27 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
     changed = differences(was, now, ignore=PRETRAINING_HOW)
     if data_was:
         data_now = data_identity(cfg)
-        for key, why in (("corpus", "the corpus files (their size or modification time)"),
-                         ("tokenizer", "the tokenizer")):
+        for key, why in (
+            ("corpus", "the corpus files (their size or modification time)"),
+            ("tokenizer", "the tokenizer"),
+        ):
             if data_was.get(key) is not None and data_was[key] != data_now[key]:
                 changed.append((f"{why}", data_was[key], data_now[key]))
     if not changed:
         return
     if what == "pretrained":
-        head = (f"{run_dir} holds an encoder pretrained with other settings than asked for now ({describe(changed)}): "
-                f"reporting it would put one experiment's encoder under another's settings.")
+        head = (
+            f"{run_dir} holds an encoder pretrained with other settings than asked for now ({describe(changed)}): "
+            f"reporting it would put one experiment's encoder under another's settings."
+        )
     else:
-        head = (f"{run_dir} holds an interrupted run started with other settings than asked for now "
-                f"({describe(changed)}): resuming it would mix the two.")
-    raise SettingsMismatch(f"{head} Use another study name (study=<name>) for these settings, or move {run_dir} away "
-                           f"to pretrain it again.")
+        head = (
+            f"{run_dir} holds an interrupted run started with other settings than asked for now "
+            f"({describe(changed)}): resuming it would mix the two."
+        )
+    raise SettingsMismatch(
+        f"{head} Use another study name (study=<name>) for these settings, or move {run_dir} away to pretrain it again."
+    )
 
 
 __all__ = ["check_same_run", "data_identity", "recorded"]

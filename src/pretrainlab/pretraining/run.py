@@ -70,8 +70,9 @@ def validate(cfg: DictConfig) -> EncoderConfig:
     batch_split(cfg.batch_size, world_size(cfg), cfg.get("device_batch_size"))
     instantiate(cfg.optim)
     encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
-    placeholder = SpecialTokens(encoder_config.vocab_size, 0, 1, 2, 3, 4,
-                                np.zeros(encoder_config.vocab_size, dtype=bool))
+    placeholder = SpecialTokens(
+        encoder_config.vocab_size, 0, 1, 2, 3, 4, np.zeros(encoder_config.vocab_size, dtype=bool)
+    )
     with torch.device("meta"):
         build_objective(cfg, encoder_config, placeholder)
     return encoder_config
@@ -79,10 +80,14 @@ def validate(cfg: DictConfig) -> EncoderConfig:
 
 def resume_command(run_dir: Path) -> str:
     """The command that continues this run from its ``last.ckpt``."""
-    overrides = [o for o in hydra.command_overrides()
-                 if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir", "overwrite")]
-    return " ".join(["python train.py", *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run_dir}"),
-                     "ckpt_path=last"])
+    overrides = [
+        o
+        for o in hydra.command_overrides()
+        if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir", "overwrite")
+    ]
+    return " ".join(
+        ["python train.py", *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run_dir}"), "ckpt_path=last"]
+    )
 
 
 def build_data(cfg: DictConfig) -> tuple[PretrainData, SpecialTokens]:
@@ -129,8 +134,12 @@ def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_toke
         raise ConfigError(str(e)) from None
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
-        resume_hint: str | None = None) -> dict[str, Any]:
+def run(
+    cfg: DictConfig,
+    run_dir: str | Path | None = None,
+    choices: dict[str, str] | None = None,
+    resume_hint: str | None = None,
+) -> dict[str, Any]:
     """Pretrain as ``cfg`` says; returns the final logged metrics and the paths written.
 
     ``choices`` (config group -> option, logged as ``choice.<group>``) default to Hydra's runtime
@@ -147,8 +156,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, s
         release(run_dir)
 
 
-def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_from: Path | None,
-         resume_hint: str) -> dict[str, Any]:
+def _run(
+    cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_from: Path | None, resume_hint: str
+) -> dict[str, Any]:
     run_dir = script.dir
     objective_cfg = OmegaConf.to_container(cfg.objective, resolve=True)
     if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
@@ -165,66 +175,129 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
 
     world = world_size(cfg)
     device_batch, accumulate = batch_split(cfg.batch_size, world, cfg.get("device_batch_size"))
-    log.info("global batch %d = %d device(s) x %d micro-batch x %d accumulation", cfg.batch_size, world,
-             device_batch, accumulate)
+    log.info(
+        "global batch %d = %d device(s) x %d micro-batch x %d accumulation",
+        cfg.batch_size,
+        world,
+        device_batch,
+        accumulate,
+    )
     datamodule = PretrainDataModule(
-        data, objective.example_builder(cfg.max_seq_len),
-        objective.collator(cfg.max_seq_len if static_shapes(cfg) else None), device_batch,
-        cfg.seed, num_workers=cfg.num_workers, accumulate=accumulate,
+        data,
+        objective.example_builder(cfg.max_seq_len),
+        objective.collator(cfg.max_seq_len if static_shapes(cfg) else None),
+        device_batch,
+        cfg.seed,
+        num_workers=cfg.num_workers,
+        accumulate=accumulate,
     )
     datamodule.prepare()
     if datamodule.train_store is not None:
-        log.info("examples: %d train (%d tokens), %d val", len(datamodule.train_store),
-                 datamodule.train_store.num_tokens, len(datamodule.val_store))
+        log.info(
+            "examples: %d train (%d tokens), %d val",
+            len(datamodule.train_store),
+            datamodule.train_store.num_tokens,
+            len(datamodule.val_store),
+        )
 
     budget = build_budget(cfg, datamodule, objective.flops_per_token(encoder_config, cfg.max_seq_len))
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
     if budget.kind != "steps":
-        log.info("budget: %s %s (about %s per step); max_steps is not used", f"{budget.total:.4g}", budget.kind,
-                 f"{budget.expected_per_step or float('nan'):.4g}")
-    module = PretrainModule(encoder_config, objective, instantiate(cfg.optim), budget, cfg.max_seq_len,
-                            seed=cfg.seed, on_nonfinite=cfg.get("on_nonfinite", "stop"), run_info=info,
-                            compile=compile_options(cfg))
-    log.info("encoder: %s parameters; objective %s adds %s", f"{module.encoder.num_parameters():,}",
-             objective.name, f"{sum(p.numel() for p in objective.parameters()):,}")
+        log.info(
+            "budget: %s %s (about %s per step); max_steps is not used",
+            f"{budget.total:.4g}",
+            budget.kind,
+            f"{budget.expected_per_step or float('nan'):.4g}",
+        )
+    module = PretrainModule(
+        encoder_config,
+        objective,
+        instantiate(cfg.optim),
+        budget,
+        cfg.max_seq_len,
+        seed=cfg.seed,
+        on_nonfinite=cfg.get("on_nonfinite", "stop"),
+        run_info=info,
+        compile=compile_options(cfg),
+    )
+    log.info(
+        "encoder: %s parameters; objective %s adds %s",
+        f"{module.encoder.num_parameters():,}",
+        objective.name,
+        f"{sum(p.numel() for p in objective.parameters()):,}",
+    )
 
     script.save_config()
     logger = script.build_logger(resume=resume_from is not None)
-    checkpoint = StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step={step}", auto_insert_metric_name=False,
-                                 every_n_train_steps=cfg.checkpoint_every, save_top_k=1, monitor="step", mode="max",
-                                 save_last=True, save_on_train_epoch_end=False, enable_version_counter=False)
+    checkpoint = StepCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        filename="step={step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint_every,
+        save_top_k=1,
+        monitor="step",
+        mode="max",
+        save_last=True,
+        save_on_train_epoch_end=False,
+        enable_version_counter=False,
+    )
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
 
     data_id = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
 
     def provenance(fraction: float) -> dict:
-        return {"objective": objective.name, "run_dir": str(run_dir.resolve()), "global_step": module.global_step,
-                "fraction": fraction, "tokens_seen": module.tokens, "flops": module.tokens * module.flops_per_token,
-                "seconds": module.seconds, "budget": {"kind": budget.kind, "total": budget.total},
-                "choices": script.choices, "config": OmegaConf.to_container(cfg, resolve=True), "data": data_id}
+        return {
+            "objective": objective.name,
+            "run_dir": str(run_dir.resolve()),
+            "global_step": module.global_step,
+            "fraction": fraction,
+            "tokens_seen": module.tokens,
+            "flops": module.tokens * module.flops_per_token,
+            "seconds": module.seconds,
+            "budget": {"kind": budget.kind, "total": budget.total},
+            "choices": script.choices,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "data": data_id,
+        }
 
     def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
-        export_encoder(pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction),
-                       objective=pl_module.objective)
+        export_encoder(
+            pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction), objective=pl_module.objective
+        )
 
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, snapshot)
     steps = budget.kind == "steps"
     trainer: L.Trainer = instantiate(
-        cfg.trainer, max_steps=cfg.max_steps if steps else -1, max_epochs=-1, default_root_dir=str(run_dir),
-        logger=logger, callbacks=[StepTimer(), checkpoint, stopper, snapshots, LearningLog(run_dir), *script.callbacks()],
+        cfg.trainer,
+        max_steps=cfg.max_steps if steps else -1,
+        max_epochs=-1,
+        default_root_dir=str(run_dir),
+        logger=logger,
+        callbacks=[StepTimer(), checkpoint, stopper, snapshots, LearningLog(run_dir), *script.callbacks()],
         plugins=[CheckpointIO()],
         val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
-        check_val_every_n_epoch=None, gradient_clip_val=module.optim.grad_clip, use_distributed_sampler=False,
+        check_val_every_n_epoch=None,
+        gradient_clip_val=module.optim.grad_clip,
+        use_distributed_sampler=False,
         accumulate_grad_batches=accumulate,
     )
     try:
-        fit(trainer, stopper, module, datamodule=datamodule,
-            ckpt_path=None if resume_from is None else str(resume_from), weights_only=True)
+        fit(
+            trainer,
+            stopper,
+            module,
+            datamodule=datamodule,
+            ckpt_path=None if resume_from is None else str(resume_from),
+            weights_only=True,
+        )
         if stopper.signum is not None:
             script.exit_code = stopper.exit_code
-            saved = (f"checkpoint saved at step {trainer.global_step} to {stopper.path}" if stopper.stopped else
-                     "stopped without saving; the last checkpoint written is the one to resume from")
+            saved = (
+                f"checkpoint saved at step {trainer.global_step} to {stopper.path}"
+                if stopper.stopped
+                else "stopped without saving; the last checkpoint written is the one to resume from"
+            )
             log.warning("%s: %s. Resume with:\n  %s", signal_name(stopper.signum), saved, resume_hint)
             raise SystemExit(script.exit_code) from None
         if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
@@ -233,8 +306,14 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
         result["global_step"] = trainer.global_step
         result["run_dir"] = str(run_dir)
         if trainer.is_global_zero and cfg.export:
-            out = export_encoder(module.encoder, tokenizer, tokens, run_dir / "encoder", pretraining=provenance(1.0),
-                                 objective=module.objective)
+            out = export_encoder(
+                module.encoder,
+                tokenizer,
+                tokens,
+                run_dir / "encoder",
+                pretraining=provenance(1.0),
+                objective=module.objective,
+            )
             result["encoder_dir"] = str(out)
             log.info("exported encoder -> %s", out)
             if cfg.get("log_encoder_artifact"):
@@ -245,12 +324,18 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
             for check in module.learning_checks:
                 log.info("learned: %s", check.line())
             if module.learning_checks and all(c.at_baseline for c in module.learning_checks):
-                log.warning("every head of %s is still at its trivial baseline on held-out text: this encoder has "
-                            "learned token frequencies at most, and comparing it measures nothing of its objective "
-                            "yet. Train longer or larger (docs/studies.md, \"Has it learned?\").", objective.name)
+                log.warning(
+                    "every head of %s is still at its trivial baseline on held-out text: this encoder has "
+                    "learned token frequencies at most, and comparing it measures nothing of its objective "
+                    'yet. Train longer or larger (docs/studies.md, "Has it learned?").',
+                    objective.name,
+                )
             elif any(c.at_baseline for c in module.learning_checks):
-                log.warning("%s: %s still at its trivial baseline on held-out text", objective.name,
-                            ", ".join(c.head for c in module.learning_checks if c.at_baseline))
+                log.warning(
+                    "%s: %s still at its trivial baseline on held-out text",
+                    objective.name,
+                    ", ".join(c.head for c in module.learning_checks if c.at_baseline),
+                )
         script.exit_code = 0
     finally:
         script.finish()
@@ -260,8 +345,9 @@ def _run(cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_
 def summary_line(result: dict, tokens: float, run_dir: Path) -> str:
     """The run's result in one line: the final validation metrics, steps, tokens, where it went."""
     metrics = " · ".join(f"{k} {v:.4g}" for k, v in sorted(result.items()) if k.startswith("val/"))
-    return (f"finished: step {result['global_step']}, {tokens / 1e6:.3g}M tokens · {metrics or 'no validation'} · "
-            f"{run_dir}")
+    return (
+        f"finished: step {result['global_step']}, {tokens / 1e6:.3g}M tokens · {metrics or 'no validation'} · {run_dir}"
+    )
 
 
 def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:

@@ -48,8 +48,10 @@ def check_fractions(fractions) -> list[float]:
         except (TypeError, ValueError):
             value = float("nan")
         if not 0 < value < 1:
-            raise ValueError(f"snapshots={list(fractions)}: {f!r} is not a fraction of the budget strictly between 0 "
-                             f"and 1 (the final encoder is the point at 1). Example: snapshots=[0.125,0.25,0.5].")
+            raise ValueError(
+                f"snapshots={list(fractions)}: {f!r} is not a fraction of the budget strictly between 0 "
+                f"and 1 (the final encoder is the point at 1). Example: snapshots=[0.125,0.25,0.5]."
+            )
         out.append(value)
     return sorted(set(out))
 
@@ -85,20 +87,23 @@ def relabel(run_dir: str | Path, budget: Budget) -> list[tuple[float, float]]:
         if was == now:
             continue
         if budget.kind == "minutes" and pre.get("seconds") is None:
-            raise ValueError(f"{d} was taken under another budget ({was}) and records no training time, so its place in "
-                             f"this run's budget.minutes cannot be worked out. Move {root} away to resume.")
+            raise ValueError(
+                f"{d} was taken under another budget ({was}) and records no training time, so its place in "
+                f"this run's budget.minutes cannot be worked out. Move {root} away to resume."
+            )
         used = budget.measure(pre["global_step"], pre["tokens_seen"], pre["flops"], pre.get("seconds") or 0.0)
         fraction = float(f"{used / budget.total:.6g}")
-        pre.update(fraction=fraction, budget=now,
-                   relabelled_from={"fraction": pre.get("fraction"), "budget": was})
+        pre.update(fraction=fraction, budget=now, relabelled_from={"fraction": pre.get("fraction"), "budget": was})
         moves.append((d, snapshot_dir(run_dir, fraction), meta))
     if not moves:
         return []
     moving = {d for d, _, _ in moves}
     for _, target, _ in moves:
         if target.exists() and target not in moving:
-            raise ValueError(f"the snapshot taken under the old budget that now sits at {target.name} of the budget "
-                             f"cannot be renamed: {target} exists. Move one of them away to resume.")
+            raise ValueError(
+                f"the snapshot taken under the old budget that now sits at {target.name} of the budget "
+                f"cannot be renamed: {target} exists. Move one of them away to resume."
+            )
     parked = []
     for d, target, meta in moves:  # through temporary names: one snapshot's new name may be another's old one
         tmp = d.with_name(f".{d.name}.relabel")
@@ -109,8 +114,14 @@ def relabel(run_dir: str | Path, budget: Budget) -> list[tuple[float, float]]:
         atomic.write_json(tmp / "config.json", meta)
         shutil.move(str(tmp), target)
         old = meta["pretraining"]["relabelled_from"]["fraction"]
-        log.warning("snapshot %g of the old budget is at %s of this one (%s %g): relabelled %s", old, target.name,
-                    budget.kind, budget.total, target)
+        log.warning(
+            "snapshot %g of the old budget is at %s of this one (%s %g): relabelled %s",
+            old,
+            target.name,
+            budget.kind,
+            budget.total,
+            target,
+        )
         out.append((old, float(target.name)))
     return out
 
@@ -142,8 +153,12 @@ class EncoderSnapshots(L.Callback):
             if not trainer.is_global_zero or (out / "config.json").is_file():
                 continue
             if fraction < (self.start or 0.0) - 1e-9:  # passed before this run resumed: too late for it
-                log.warning("no snapshot at %g of the budget: the run resumed at %.4g of it, past that point (a "
-                            "snapshot taken now would be mislabelled)", fraction, self.start)
+                log.warning(
+                    "no snapshot at %g of the budget: the run resumed at %.4g of it, past that point (a "
+                    "snapshot taken now would be mislabelled)",
+                    fraction,
+                    self.start,
+                )
                 continue
             self.export(pl_module, out, fraction)
             log.info("snapshot at %g of the budget (step %d) -> %s", fraction, trainer.global_step, out)

@@ -43,8 +43,9 @@ class StepTimer(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._batch_end = time.perf_counter()  # the next batch's wait starts after validation
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._batch_start = time.perf_counter()
         self._step_at_start = trainer.global_step
         # the time since the previous batch (or validation) finished: fetching this batch and the
@@ -55,8 +56,9 @@ class StepTimer(Callback):
         if self._step_start is None:  # the first micro-batch of this optimizer step (or after a skipped one)
             self._step_start = self._batch_start
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         self._busy += now - self._batch_start
         if pl_module.batch_tokens is not None:  # None: the batch was skipped

@@ -34,8 +34,9 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that belongs to another kind of run."""
 
 
-def load_tensors(path: str | Path, mmap: bool = False, unsafe_advice: str = "", corrupt_advice: str = "",
-                 what: str = "file") -> Any:
+def load_tensors(
+    path: str | Path, mmap: bool = False, unsafe_advice: str = "", corrupt_advice: str = "", what: str = "file"
+) -> Any:
     """``torch.load`` of ``path`` as tensors and plain data only, on the CPU, with errors that name
     the file and say what to do: ``unsafe_advice`` when it holds other Python objects (never
     unpickled: that could run arbitrary code), ``corrupt_advice`` when it is empty or damaged."""
@@ -47,8 +48,9 @@ def load_tensors(path: str | Path, mmap: bool = False, unsafe_advice: str = "", 
     with open(path, "rb") as f:
         zipped = f.read(4) == b"PK\x03\x04"
     if not zipped:
-        raise CheckpointError(f"{path} is not a PyTorch {what} (torch.save writes a zip archive; this file is not "
-                              f"one). Check the path.")
+        raise CheckpointError(
+            f"{path} is not a PyTorch {what} (torch.save writes a zip archive; this file is not one). Check the path."
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -69,8 +71,12 @@ def read(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file.")
     checkpoint = load_tensors(
-        path, mmap, unsafe_advice="pretrainlab checkpoints never need that; use a checkpoint written by pretrainlab.",
-        corrupt_advice="Resume from another checkpoint, or start the run afresh.", what="checkpoint")
+        path,
+        mmap,
+        unsafe_advice="pretrainlab checkpoints never need that; use a checkpoint written by pretrainlab.",
+        corrupt_advice="Resume from another checkpoint, or start the run afresh.",
+        what="checkpoint",
+    )
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is a PyTorch file but not a training checkpoint (it has no state_dict).")
     return checkpoint
@@ -116,8 +122,9 @@ def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) 
         if part == "objective" and was.get("name") != now.get("name"):
             what = f"objective={was.get('name')}, and this run is objective={now.get('name')}"
         else:
-            what = f"{part} settings " + ", ".join(f"{part}.{k}={was.get(k)!r} (this run: {now.get(k)!r})"
-                                                   for k in changed)
+            what = f"{part} settings " + ", ".join(
+                f"{part}.{k}={was.get(k)!r} (this run: {now.get(k)!r})" for k in changed
+            )
         raise CheckpointError(
             f"{path} was trained with {what}. A resumed run must continue the same training: resume with the "
             f"checkpoint's settings, or start a new run (another hydra.run.dir, without ckpt_path)."

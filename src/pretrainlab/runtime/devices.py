@@ -66,8 +66,10 @@ def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> t
     """(micro-batch per device, gradient accumulation) for a global ``batch_size`` on ``world``
     devices: batch_size = world x micro-batch x accumulation, exactly."""
     if batch_size % world:
-        raise ConfigError(f"batch_size={batch_size} is not divisible by the {world} devices; the global batch "
-                          f"must split evenly across devices.")
+        raise ConfigError(
+            f"batch_size={batch_size} is not divisible by the {world} devices; the global batch "
+            f"must split evenly across devices."
+        )
     per_device = batch_size // world
     micro = device_batch_size or per_device
     if micro > per_device or per_device % micro:
@@ -120,5 +122,15 @@ def inference_autocast(cfg: DictConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and "bf16" in precision)
 
 
-__all__ = ["inference_autocast", "inference_device", "batch_split", "check_precision", "compile_options", "refuse_multirun_ddp", "set_matmul_precision",
-           "static_shapes", "uses_cuda", "world_size"]
+__all__ = [
+    "inference_autocast",
+    "inference_device",
+    "batch_split",
+    "check_precision",
+    "compile_options",
+    "refuse_multirun_ddp",
+    "set_matmul_precision",
+    "static_shapes",
+    "uses_cuda",
+    "world_size",
+]

@@ -16,8 +16,9 @@ def choices() -> dict[str, str]:
 
     if not HydraConfig.initialized():
         return {}
-    return {k: str(v) for k, v in HydraConfig.get().runtime.choices.items()
-            if not k.startswith("hydra") and v is not None}
+    return {
+        k: str(v) for k, v in HydraConfig.get().runtime.choices.items() if not k.startswith("hydra") and v is not None
+    }
 
 
 def command_overrides() -> list[str]:
@@ -35,8 +36,9 @@ def compose(name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, str]
 
     def _compose():
         cfg = hydra_compose(name, overrides=list(overrides), return_hydra_config=True)
-        picked = {k: str(v) for k, v in cfg.hydra.runtime.choices.items()
-                  if not k.startswith("hydra") and v is not None}
+        picked = {
+            k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None
+        }
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
         return cfg, picked

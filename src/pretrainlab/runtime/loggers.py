@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("pretrainlab")
 
+
 class WandbLogger(pl_loggers.WandbLogger):
     """Lightning's W&B logger, less the ``anonymous`` argument it always passes to ``wandb.init``:
     wandb deprecated that setting and warns about it at every run, even when it is None."""
@@ -48,9 +49,16 @@ def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
     return f"{cfg.objective.name}-{model}-s{cfg.seed}"
 
 
-def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: str | None = None,
-                 group: str | None = None, job_type: str = "pretrain", extra: dict | None = None,
-                 resume: bool = False) -> Logger | bool:
+def build_logger(
+    cfg: DictConfig,
+    run_dir: Path,
+    choices: dict[str, str],
+    name: str | None = None,
+    group: str | None = None,
+    job_type: str = "pretrain",
+    extra: dict | None = None,
+    resume: bool = False,
+) -> Logger | bool:
     """The configured logger, with the flattened config logged. W&B runs are named and grouped
     (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``.
     ``resume``: the run continues from a checkpoint of this run directory, and so continues its
@@ -72,8 +80,13 @@ def build_logger(cfg: DictConfig, run_dir: Path, choices: dict[str, str], name: 
                 kwargs["id"] = wandb_id
                 kwargs["resume"] = "allow"
             else:
-                log.info("%s continues a run copied from %s: a new W&B run is started (continuing its W&B run %s "
-                         "would merge the two)", run_dir, written_in, wandb_id)
+                log.info(
+                    "%s continues a run copied from %s: a new W&B run is started (continuing its W&B run %s "
+                    "would merge the two)",
+                    run_dir,
+                    written_in,
+                    wandb_id,
+                )
     logger = instantiate(lcfg, **kwargs)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"choice.{k}": v for k, v in choices.items()})

@@ -44,8 +44,10 @@ class NonFiniteWatch(nn.Module):
         the device). ``what``: which loss; ``advice``: what to change."""
         step = int(self.bad_step)
         if step >= 0:
-            raise FloatingPointError(f"non-finite {what} ({float(self.bad_value)}) at step {step}: training stopped, "
-                                     f"checkpoints written so far are untouched. {advice}")
+            raise FloatingPointError(
+                f"non-finite {what} ({float(self.bad_value)}) at step {step}: training stopped, "
+                f"checkpoints written so far are untouched. {advice}"
+            )
 
 
 __all__ = ["NonFiniteWatch"]

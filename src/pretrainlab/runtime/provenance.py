@@ -19,9 +19,25 @@ from typing import Any
 # pretraining settings that do not change the encoder a run produces (beyond numerical noise):
 # trainer settings, logging, workers, compilation, how often it validates and saves, where caches live
 PRETRAINING_HOW = (
-    "trainer", "logger", "num_workers", "compile", "compile_mode", "static_shapes", "tf32", "keep_freed_memory",
-    "progress_refresh_rate", "cache_dir", "ckpt_path", "overwrite", "export", "snapshots", "log_encoder_artifact",
-    "device_batch_size", "val_every", "checkpoint_every", "on_nonfinite",
+    "trainer",
+    "logger",
+    "num_workers",
+    "compile",
+    "compile_mode",
+    "static_shapes",
+    "tf32",
+    "keep_freed_memory",
+    "progress_refresh_rate",
+    "cache_dir",
+    "ckpt_path",
+    "overwrite",
+    "export",
+    "snapshots",
+    "log_encoder_artifact",
+    "device_batch_size",
+    "val_every",
+    "checkpoint_every",
+    "on_nonfinite",
 )
 
 
@@ -29,8 +45,9 @@ class SettingsMismatch(ValueError):
     """Finished work made with other settings than those asking for it now."""
 
 
-def differences(was: Any, now: Any, prefix: str = "", legacy: dict | None = None,
-                ignore: Iterable[str] = ()) -> list[tuple[str, Any, Any]]:
+def differences(
+    was: Any, now: Any, prefix: str = "", legacy: dict | None = None, ignore: Iterable[str] = ()
+) -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every setting that differs between two configs
     (plain containers). A key missing from the old record is a setting added since: it is compared
     at its ``legacy`` value (the value old work was made with), or not at all when it is not listed
@@ -59,8 +76,13 @@ def differences(was: Any, now: Any, prefix: str = "", legacy: dict | None = None
 def _same_number(a: Any, b: Any) -> bool:
     """1e-3 recorded as 0.001, 2 as 2.0: the same setting."""
     numbers = (int, float)
-    return (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool)
-            and float(a) == float(b))
+    return (
+        isinstance(a, numbers)
+        and isinstance(b, numbers)
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+        and float(a) == float(b)
+    )
 
 
 def describe(changed: list[tuple[str, Any, Any]], limit: int = 4) -> str:

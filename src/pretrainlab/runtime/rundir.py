@@ -42,8 +42,18 @@ from omegaconf import DictConfig
 log = logging.getLogger("pretrainlab")
 
 # what overwrite=true deletes: everything a run and its GLUE suites wrote that later steps read back
-RUN_OUTPUTS = ("checkpoints", "encoder", "snapshots", ".wandb_id", "csv", "glue", "glue-scratch", "eval", "eval-scratch",
-               "results.json")
+RUN_OUTPUTS = (
+    "checkpoints",
+    "encoder",
+    "snapshots",
+    ".wandb_id",
+    "csv",
+    "glue",
+    "glue-scratch",
+    "eval",
+    "eval-scratch",
+    "results.json",
+)
 LOCK = ".pretrainlab-lock"
 
 
@@ -93,8 +103,12 @@ def lock(directory: Path, what: str = "run") -> None:
     previous = _read_holder(fd)
     if previous.get("pid") and (previous.get("pid"), previous.get("host")) != (os.getpid(), socket.gethostname()):
         log.info("%s: took over a stale lock (%s, no longer running)", directory, _describe_holder(previous))
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "command": " ".join(sys.argv)[:300]}
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:300],
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     _held[key] = [fd, 1]
@@ -133,8 +147,9 @@ def _read_holder(fd: int) -> dict:
 def _describe_holder(holder: dict) -> str:
     if not holder:
         return "its lock file names no process"
-    return (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}: "
-            f"{holder.get('command') or '?'}")
+    return (
+        f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}: {holder.get('command') or '?'}"
+    )
 
 
 def is_secondary_rank() -> bool:
@@ -201,8 +216,10 @@ def checkpoint_to_resume(ckpt_path: str | None, run_dir: Path) -> Path | None:
         if not last.is_file():
             other = latest_checkpoint(run_dir)
             if other is not None:
-                raise FileNotFoundError(f"ckpt_path=last: no checkpoint at {last}; the newest checkpoint of this run is "
-                                        f"{other}: resume with {ckpt_override(other)}.")
+                raise FileNotFoundError(
+                    f"ckpt_path=last: no checkpoint at {last}; the newest checkpoint of this run is "
+                    f"{other}: resume with {ckpt_override(other)}."
+                )
             raise FileNotFoundError(
                 f"ckpt_path=last: no checkpoint at {last}. To resume another run, pass ckpt_path=<its run "
                 f"directory> (or hydra.run.dir=<its run directory> ckpt_path=last)."
@@ -328,5 +345,21 @@ class GuardRunDir(Callback):
             raise SystemExit(1) from None
 
 
-__all__ = ["GuardRunDir", "LOCK", "RUN_OUTPUTS", "RunDirBusy", "RunDirError", "checkpoint_to_resume", "claim",
-           "claim_results", "ckpt_override", "held_run", "is_secondary_rank", "latest_checkpoint", "lock", "release", "resumes_here", "unlock"]
+__all__ = [
+    "GuardRunDir",
+    "LOCK",
+    "RUN_OUTPUTS",
+    "RunDirBusy",
+    "RunDirError",
+    "checkpoint_to_resume",
+    "claim",
+    "claim_results",
+    "ckpt_override",
+    "held_run",
+    "is_secondary_rank",
+    "latest_checkpoint",
+    "lock",
+    "release",
+    "resumes_here",
+    "unlock",
+]

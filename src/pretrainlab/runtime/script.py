@@ -44,14 +44,13 @@ def rerun_command() -> str:
 class RunScript:
     cfg: DictConfig
     dir: Path
-    choices: dict[str, str]         # config group -> option, logged as choice.<group>
+    choices: dict[str, str]  # config group -> option, logged as choice.<group>
     exit_code: int = 1
     logger: Logger | bool = field(default=False, repr=False)
     _file_handler: logging.FileHandler | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, cfg: DictConfig, run_dir: str | Path | None = None,
-           choices: dict[str, str] | None = None) -> RunScript:
+    def of(cls, cfg: DictConfig, run_dir: str | Path | None = None, choices: dict[str, str] | None = None) -> RunScript:
         if run_dir is None:
             from hydra.core.hydra_config import HydraConfig
 
@@ -93,8 +92,9 @@ class RunScript:
         from Python (a study, a test) gets a file handler of its own for the length of the run."""
         root = logging.getLogger()
         here = self.dir.resolve()
-        if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve().parent == here
-               for h in root.handlers):
+        if any(
+            isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve().parent == here for h in root.handlers
+        ):
             return
         handler = logging.FileHandler(here / "train.log")
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))

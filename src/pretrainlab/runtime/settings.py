@@ -49,8 +49,9 @@ def fraction(closed_low: bool = False) -> tuple[Callable[[Any], bool], str]:
 
 
 def one_of(*choices: Any) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: any(v is c or (type(v) is type(c) and v == c) for c in choices)), \
-        "one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+    return (lambda v: any(v is c or (type(v) is type(c) and v == c) for c in choices)), "one of " + ", ".join(
+        str(c).lower() if isinstance(c, bool) else str(c) for c in choices
+    )
 
 
 def check(cfg: DictConfig, rules: dict[str, tuple[Callable[[Any], bool], str]], where: str) -> None:
@@ -61,8 +62,7 @@ def check(cfg: DictConfig, rules: dict[str, tuple[Callable[[Any], bool], str]], 
             continue
         value = OmegaConf.select(cfg, key)
         if not ok(value):
-            raise ConfigError(f"{key}={value!r}: must be {want}. Set it in {where} or on the command line "
-                              f"({key}=...).")
+            raise ConfigError(f"{key}={value!r}: must be {want}. Set it in {where} or on the command line ({key}=...).")
 
 
 OPTIM = {
@@ -135,9 +135,11 @@ def check_pretraining(cfg: DictConfig) -> None:
     if len(budgets) > 1:
         raise ConfigError(f"set one budget, not {len(budgets)}: {', '.join(f'budget.{k}' for k in budgets)}.")
     if not budgets and not (_is_int(cfg.max_steps) and cfg.max_steps >= 1):
-        raise ConfigError(f"max_steps={cfg.max_steps!r}: must be an integer of at least 1 (or set a budget: "
-                          f"budget.tokens, budget.flops or budget.minutes). Set it in conf/train.yaml or on the "
-                          f"command line (max_steps=...).")
+        raise ConfigError(
+            f"max_steps={cfg.max_steps!r}: must be an integer of at least 1 (or set a budget: "
+            f"budget.tokens, budget.flops or budget.minutes). Set it in conf/train.yaml or on the "
+            f"command line (max_steps=...)."
+        )
 
 
 def check_finetuning(cfg: DictConfig) -> None:

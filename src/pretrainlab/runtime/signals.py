@@ -93,8 +93,9 @@ class SaveOnSignal(Callback):
         if self.signum is None:
             self.signum = signum
         if signum == signal.SIGINT:
-            log.warning("Ctrl-C: stopping after this optimizer step and saving %s (Ctrl-C again stops at once)",
-                        self.path)
+            log.warning(
+                "Ctrl-C: stopping after this optimizer step and saving %s (Ctrl-C again stops at once)", self.path
+            )
             signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -121,11 +122,14 @@ class SaveOnSignal(Callback):
             self.signum = signal.SIGINT
         self._restore_sigint()
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._step_at_start = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == self._step_at_start:
             return  # inside a gradient accumulation: the step is not finished
         stop = self.signum is not None

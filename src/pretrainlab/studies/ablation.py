@@ -72,8 +72,10 @@ def study_tasks(cfg: DictConfig) -> list[str]:
     evals = list(cfg.get("evals") or ["glue"])
     unknown = [e for e in evals if e != "glue" and e not in EVALS]
     if unknown:
-        raise ValueError(f"evals={evals}: {', '.join(map(repr, unknown))} is not an evaluation; choose among glue, "
-                         f"{', '.join(EVALS)} (conf/ablate.yaml or the command line).")
+        raise ValueError(
+            f"evals={evals}: {', '.join(map(repr, unknown))} is not an evaluation; choose among glue, "
+            f"{', '.join(EVALS)} (conf/ablate.yaml or the command line)."
+        )
     tasks = [t for e in evals for t in (list(cfg.glue.tasks) if e == "glue" else EVALS[e])]
     return list(dict.fromkeys(get_task(t).name for t in tasks))
 
@@ -93,8 +95,10 @@ def run_study(cfg: DictConfig) -> dict:
     fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
     baseline = cfg.get("baseline")
     if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
-        raise ValueError(f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
-                         f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line).")
+        raise ValueError(
+            f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
+            f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line)."
+        )
     study_tasks(cfg)  # an unknown evaluation is refused before anything runs
     resume = rerun_command()
     lock(root, "study")
@@ -112,8 +116,12 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
     for objective in objectives:
         for seed in dict.fromkeys(int(s) for s in cfg.seeds):
             run_dir = root / "pretrain" / f"{objective}-s{seed}"
-            overrides = [f"objective={objective}", f"seed={seed}", *cfg.pretrain,
-                         *(cfg.get("objective_overrides") or {}).get(objective, [])]
+            overrides = [
+                f"objective={objective}",
+                f"seed={seed}",
+                *cfg.pretrain,
+                *(cfg.get("objective_overrides") or {}).get(objective, []),
+            ]
             if fractions:
                 overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
             train_cfg, choices = compose("train", overrides)
@@ -121,13 +129,16 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
             train_cfg.export = True
             check_same_run(run_dir, train_cfg)
             done = (run_dir / "encoder" / "config.json").is_file()
-            orphans = [] if done else [p for d in RESULT_DIRS for p in (run_dir / d).rglob("*.json")
-                                       if is_results_file(p)]
+            orphans = (
+                [] if done else [p for d in RESULT_DIRS for p in (run_dir / d).rglob("*.json") if is_results_file(p)]
+            )
             if orphans:  # results of an encoder that is gone: the new one's suite would refuse them, later
-                raise ResultError(f"{run_dir} holds evaluation results ({orphans[0]}, ...) but no encoder: they are of "
-                                  f"an encoder that is gone, and would be refused beside the one pretrained now. Move "
-                                  f"{orphans[0].parents[1]} away (and the run's other glue*/ and eval*/ folders) to "
-                                  f"pretrain and evaluate again.")
+                raise ResultError(
+                    f"{run_dir} holds evaluation results ({orphans[0]}, ...) but no encoder: they are of "
+                    f"an encoder that is gone, and would be refused beside the one pretrained now. Move "
+                    f"{orphans[0].parents[1]} away (and the run's other glue*/ and eval*/ folders) to "
+                    f"pretrain and evaluate again."
+                )
             checkpoint = None if done else latest_checkpoint(run_dir)
             if checkpoint is not None:
                 train_cfg.ckpt_path = str(checkpoint)
@@ -138,8 +149,10 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
 def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float], resume: str) -> dict:
     planned = _pretraining_runs(cfg, root, objectives, fractions)
     runs = [run_dir for run_dir, *_ in planned]
-    glue_overrides = [*cfg.glue.overrides, *(f'{block}.data_dir="{path}"' for block, path in
-                                             (cfg.get("data_dirs") or {}).items() if path is not None)]
+    glue_overrides = [
+        *cfg.glue.overrides,
+        *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
+    ]
     tasks, seeds = study_tasks(cfg), [int(s) for s in cfg.glue.seeds]
 
     def suite_cfg(encoder: Path, init: str) -> DictConfig:
@@ -179,12 +192,18 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
     for run_dir in runs:
         for fraction in fractions:
             if not (snapshot_dir(run_dir, fraction) / "config.json").is_file():
-                log.warning("%s has no snapshot at %g of its budget (it was pretrained without snapshots=%s): that "
-                            "point of the curve is left out", run_dir, fraction, list(fractions))
+                log.warning(
+                    "%s has no snapshot at %g of its budget (it was pretrained without snapshots=%s): that "
+                    "point of the curve is left out",
+                    run_dir,
+                    fraction,
+                    list(fractions),
+                )
     for encoder, init in encoders():
         gcfg = suite_cfg(encoder, init)
-        run_suite(gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True),
-                  resume_hint=resume)
+        run_suite(
+            gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True), resume_hint=resume
+        )
 
     # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an
     # earlier version of the study left in its directories)
@@ -192,21 +211,40 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
 
     def asked(r: dict) -> bool:
         fraction = (r.get("pretrained") or {}).get("fraction")
-        return (r["task"] in wanted_tasks and r["seed"] in seeds
-                and (is_final(r) or any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
+        return (
+            r["task"] in wanted_tasks
+            and r["seed"] in seeds
+            and (is_final(r) or any(abs(float(fraction) - f) < 1e-9 for f in fractions))
+        )
 
-    table = write_report(collect([str(r) for r in runs], keep=asked), report, baseline=cfg.get("baseline"),
-                         preface=learning_preface(learned), learning=learned)
+    table = write_report(
+        collect([str(r) for r in runs], keep=asked),
+        report,
+        baseline=cfg.get("baseline"),
+        preface=learning_preface(learned),
+        learning=learned,
+    )
     print(to_markdown(table))
     if flagged := at_baseline(learned):
-        log.warning("%d of %d pretraining runs are still at their trivial baseline (%s): the comparison measures "
-                    "nothing of their objectives yet; see %s", len(flagged), len(learned), ", ".join(sorted(flagged)),
-                    report / "learning.md")
+        log.warning(
+            "%d of %d pretraining runs are still at their trivial baseline (%s): the comparison measures "
+            "nothing of their objectives yet; see %s",
+            len(flagged),
+            len(learned),
+            ", ".join(sorted(flagged)),
+            report / "learning.md",
+        )
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}
     if str(lcfg.get("_target_", "")).endswith("WandbLogger") and lcfg.get("mode") != "disabled":
-        log_to_wandb(table, report, project=lcfg.get("project", "pretrainlab"), mode=lcfg.get("mode", "offline"),
-                     group=cfg.study, entity=lcfg.get("entity"))
+        log_to_wandb(
+            table,
+            report,
+            project=lcfg.get("project", "pretrainlab"),
+            mode=lcfg.get("mode", "offline"),
+            group=cfg.study,
+            entity=lcfg.get("entity"),
+        )
     return table

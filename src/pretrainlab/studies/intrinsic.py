@@ -37,8 +37,9 @@ PAIR_TASKS = ("nsp", "sop")
 
 
 @torch.no_grad()
-def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int = 64,
-             max_batches: int | None = None) -> dict[str, float]:
+def evaluate(
+    run_dir: str | Path, pair_task: str | None = None, batch_size: int = 64, max_batches: int | None = None
+) -> dict[str, float]:
     """The held-out metrics of the run in ``run_dir`` (its ``config.yaml`` and ``checkpoints/last.ckpt``),
     averaged over the validation examples. ``pair_task`` (``nsp``/``sop``, for a run with a pair head):
     build the validation pairs of that task instead of the run's own."""
@@ -50,18 +51,21 @@ def evaluate(run_dir: str | Path, pair_task: str | None = None, batch_size: int 
     objective = build_objective(cfg, encoder_config, tokens)
     encoder = Encoder(encoder_config)
     state = checkpoint["state_dict"]  # compile wraps a function, not the modules: the keys are plain
-    encoder.load_state_dict({k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")})
-    objective.load_state_dict({k[len("objective."):]: v for k, v in state.items() if k.startswith("objective.")})
+    encoder.load_state_dict({k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")})
+    objective.load_state_dict({k[len("objective.") :]: v for k, v in state.items() if k.startswith("objective.")})
     encoder.eval(), objective.eval()
 
     builder = objective.example_builder(cfg.max_seq_len)
     if pair_task is not None:
         if not isinstance(builder, SentencePairs):
-            raise ValueError(f"{run_dir}: objective {objective.name} has no sentence-pair head to score on "
-                             f"{pair_task.upper()} pairs.")
+            raise ValueError(
+                f"{run_dir}: objective {objective.name} has no sentence-pair head to score on "
+                f"{pair_task.upper()} pairs."
+            )
         builder = SentencePairs(builder.max_len, builder.cls_id, builder.sep_id, pair_task, builder.short_seq_prob)
-    datamodule = PretrainDataModule(data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0,
-                                    val_batch_size=batch_size)
+    datamodule = PretrainDataModule(
+        data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0, val_batch_size=batch_size
+    )
     datamodule.val_store = data.examples(builder, "val")
     sums: dict[str, float] = {}
     tally = None
@@ -121,20 +125,29 @@ def at_baseline(rows: dict[str, dict]) -> dict[str, list[HeadCheck]]:
 
 
 def learning_markdown(rows: dict[str, dict]) -> str:
-    lines = ["What each run learned: every head on the held-out documents beside its trivial baseline", "",
-             "| run | head | held out | trivial baseline | verdict | details |", "|---|---|---|---|---|---|"]
+    lines = [
+        "What each run learned: every head on the held-out documents beside its trivial baseline",
+        "",
+        "| run | head | held out | trivial baseline | verdict | details |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in sorted(rows.items()):
         if not row["checks"]:
             lines.append(f"| {name} | – | – | – | objective {row['objective']} defines no learning check | |")
         for c in row["checks"]:
             verdict = f"**{c['status']}**" if c["status"] == AT else c["status"]
-            lines.append(f"| {name} | {c['head']} | {c['value']:.3f} | {c['baseline']:.3f} ({c['baseline_name']}) | "
-                         f"{verdict} | {c['detail']} |")
-    lines += ["", "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
-                  "same positions (past baseline: at least twice it, with a loss below the token frequencies'); replaced-token detection: AUC beside always "
-                  "answering \"original\" (0.5; past: AUC >= 0.75 with a tenth of the replacements found; at "
-                  "baseline: under 2% found); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
-                  "z >= 3). A comparison of encoders at their baseline measures nothing of their objectives yet."]
+            lines.append(
+                f"| {name} | {c['head']} | {c['value']:.3f} | {c['baseline']:.3f} ({c['baseline_name']}) | "
+                f"{verdict} | {c['detail']} |"
+            )
+    lines += [
+        "",
+        "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
+        "same positions (past baseline: at least twice it, with a loss below the token frequencies'); replaced-token detection: AUC beside always "
+        'answering "original" (0.5; past: AUC >= 0.75 with a tenth of the replacements found; at '
+        "baseline: under 2% found); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
+        "z >= 3). A comparison of encoders at their baseline measures nothing of their objectives yet.",
+    ]
     return "\n".join(lines)
 
 
@@ -151,22 +164,34 @@ def learning_curves(runs: list[Path], out_dir: Path) -> dict[str, dict]:
         rows = read_rows(run / FILE)
         heads = [k.split(":", 1)[1] for k in (rows[0] if rows else {}) if k.startswith("status:")]
         for head in heads:
-            points = [(float(r["flops"]), float(r[f"value:{head}"]) / float(r[f"baseline:{head}"]),
-                       r[f"status:{head}"] == PAST) for r in rows if r.get(f"status:{head}")]
+            points = [
+                (
+                    float(r["flops"]),
+                    float(r[f"value:{head}"]) / float(r[f"baseline:{head}"]),
+                    r[f"status:{head}"] == PAST,
+                )
+                for r in rows
+                if r.get(f"status:{head}")
+            ]
             past = next((r for r in rows if r.get(f"status:{head}") == PAST), None)
             found.setdefault(run.name, {})[head] = {
-                "points": len(points), "last": rows[-1].get(f"status:{head}"),
-                "past_at": None if past is None else {k: float(past[k]) for k in ("step", "tokens", "flops")}}
+                "points": len(points),
+                "last": rows[-1].get(f"status:{head}"),
+                "past_at": None if past is None else {k: float(past[k]) for k in ("step", "tokens", "flops")},
+            }
             curves[(run.name, head)] = points
     if not found:
         return {}
-    lines = ["When each head left its trivial baseline: the first validation at which it was past it", "",
-             "| run | head | past its baseline at step | tokens | FLOPs | at the last validation | validations |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "When each head left its trivial baseline: the first validation at which it was past it",
+        "",
+        "| run | head | past its baseline at step | tokens | FLOPs | at the last validation | validations |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, heads in sorted(found.items()):
         for head, f in heads.items():
             at = f["past_at"]
-            where = (f"{at['step']:.0f} | {at['tokens']:.3g} | {at['flops']:.3g}" if at else "not yet | – | –")
+            where = f"{at['step']:.0f} | {at['tokens']:.3g} | {at['flops']:.3g}" if at else "not yet | – | –"
             lines.append(f"| {name} | {head} | {where} | {f['last']} | {f['points']} |")
     atomic.write_text(out_dir / "learning-curves.md", "\n".join(lines) + "\n")
     _plot_learning(curves, out_dir / "learning-curves.png")
@@ -188,8 +213,13 @@ def _plot_learning(curves: dict, path: Path) -> Path:
         x, y, past = zip(*points)
         (line,) = ax.plot(x, y, label=f"{run}: {head}")
         ax.scatter([a for a, p in zip(x, past) if p], [b for b, p in zip(y, past) if p], color=line.get_color(), s=18)
-        ax.scatter([a for a, p in zip(x, past) if not p], [b for b, p in zip(y, past) if not p], s=18,
-                   facecolors="none", edgecolors=line.get_color())
+        ax.scatter(
+            [a for a, p in zip(x, past) if not p],
+            [b for b, p in zip(y, past) if not p],
+            s=18,
+            facecolors="none",
+            edgecolors=line.get_color(),
+        )
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="trivial baseline")
     ax.set_xscale("log")
     ax.set_xlabel("pretraining FLOPs")
@@ -206,9 +236,12 @@ def learning_preface(rows: dict[str, dict]) -> str:
     flagged = at_baseline(rows)
     if not flagged:
         return ""
-    lines = [f"**Not yet learned: {len(flagged)} of {len(rows)} pretraining runs have a head still at its trivial "
-             "baseline on held-out text.** What the table below says of them measures token frequencies at most, "
-             "not their objectives (learning.md):", ""]
+    lines = [
+        f"**Not yet learned: {len(flagged)} of {len(rows)} pretraining runs have a head still at its trivial "
+        "baseline on held-out text.** What the table below says of them measures token frequencies at most, "
+        "not their objectives (learning.md):",
+        "",
+    ]
     lines += [f"- {name}: " + "; ".join(c.line() for c in checks) for name, checks in sorted(flagged.items())]
     return "\n".join(lines)
 
@@ -236,21 +269,40 @@ def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
 
 def intrinsic_markdown(report: dict) -> str:
     rows = report["runs"]
-    metrics = sorted({m for r in rows.values() for m in r["own"] if m not in ("examples", "learning")},
-                     key=lambda m: (not m.startswith("mlm"), m))
-    lines = ["| run | " + " | ".join(metrics) + " | pair head on the other task's pairs |",
-             "|" + "---|" * (len(metrics) + 2)]
+    metrics = sorted(
+        {m for r in rows.values() for m in r["own"] if m not in ("examples", "learning")},
+        key=lambda m: (not m.startswith("mlm"), m),
+    )
+    lines = [
+        "| run | " + " | ".join(metrics) + " | pair head on the other task's pairs |",
+        "|" + "---|" * (len(metrics) + 2),
+    ]
     for name, r in sorted(rows.items()):
         cells = [("–" if m not in r["own"] else f"{r['own'][m]:.3f}") for m in metrics]
         cross = r.get("cross")
-        cells.append(f"{cross['head'].upper()} head on {cross['pairs'].upper()} pairs: {100 * cross['acc']:.1f}%"
-                     if cross else "–")
+        cells.append(
+            f"{cross['head'].upper()} head on {cross['pairs'].upper()} pairs: {100 * cross['acc']:.1f}%"
+            if cross
+            else "–"
+        )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Held-out documents (the same for every run), recomputed from each run's last checkpoint. "
-                  "Accuracies are fractions; the cross-check scores a pair head on the other pair task "
-                  "(ALBERT, Table 5: NSP-trained 52.0 on SOP, SOP-trained 78.9 on NSP)."]
+    lines += [
+        "",
+        "Held-out documents (the same for every run), recomputed from each run's last checkpoint. "
+        "Accuracies are fractions; the cross-check scores a pair head on the other pair task "
+        "(ALBERT, Table 5: NSP-trained 52.0 on SOP, SOP-trained 78.9 on NSP).",
+    ]
     return "\n".join(lines)
 
 
-__all__ = ["at_baseline", "evaluate", "held_out", "intrinsic_markdown", "intrinsic_report", "learning_curves",
-           "learning_markdown", "learning_preface", "learning_report"]
+__all__ = [
+    "at_baseline",
+    "evaluate",
+    "held_out",
+    "intrinsic_markdown",
+    "intrinsic_report",
+    "learning_curves",
+    "learning_markdown",
+    "learning_preface",
+    "learning_report",
+]

@@ -81,8 +81,13 @@ class Job:
     done: dict | None
 
 
-def plan_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
-               task_overrides: dict | None = None) -> tuple[list[Path], list[Job]]:
+def plan_suite(
+    cfg: DictConfig,
+    tasks: list[str],
+    seeds: list[int],
+    output_dir: str | Path | None = None,
+    task_overrides: dict | None = None,
+) -> tuple[list[Path], list[Job]]:
     """The suite's output directories and its jobs, every setting and every finished result checked
     (nothing is run or written but the synthetic data's cache). A task that is not seeded (zero-shot)
     runs once, with the first seed."""
@@ -128,15 +133,24 @@ def _relabel(done: dict, identity: dict, path: Path) -> dict:
     if was.get("fraction") is None or was["fraction"] == identity["fraction"]:
         return done
     fresh = {k: identity[k] for k in ("fraction", "pretrain_flops") if was.get(k) != identity[k]}
-    log.info("%s: the encoder's place in its run's budget changed since (%s); its result is relabelled", path,
-             ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in fresh.items()))
+    log.info(
+        "%s: the encoder's place in its run's budget changed since (%s); its result is relabelled",
+        path,
+        ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in fresh.items()),
+    )
     done = {**done, "pretrained": {**was, **fresh}}
     atomic.write_json(path, done)
     return done
 
 
-def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: str | Path | None = None,
-              task_overrides: dict | None = None, resume_hint: str | None = None) -> list[dict]:
+def run_suite(
+    cfg: DictConfig,
+    tasks: list[str],
+    seeds: list[int],
+    output_dir: str | Path | None = None,
+    task_overrides: dict | None = None,
+    resume_hint: str | None = None,
+) -> list[dict]:
     """Run every (task, seed) on ``cfg.pretrained`` that is not done yet; returns all results.
     ``resume_hint``: the command that continues the suite after a signal stops it (by default
     this process's command line)."""
@@ -154,8 +168,9 @@ def run_suite(cfg: DictConfig, tasks: list[str], seeds: list[int], output_dir: s
                 results.setdefault(out, []).append(job.done)
                 continue
             choices = {**hydra.choices(), "task": job.cfg.task.name}
-            results.setdefault(out, []).append(finetuning.run(job.cfg, job.run_dir, results_path=job.path,
-                                                              choices=choices, resume_hint=resume_hint))
+            results.setdefault(out, []).append(
+                finetuning.run(job.cfg, job.run_dir, results_path=job.path, choices=choices, resume_hint=resume_hint)
+            )
         for out, rs in results.items():
             write_summary(rs, out)
     finally:
