@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make train   -> virtualenv + install + `python train.py` (embedded default run)
 #   make test    -> virtualenv + install + the test suite
+#   make lint    -> ruff (lint + format check), pinned in pyproject.toml so that CI and pre-commit agree
 # Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking"
 
 VENV   ?= .venv
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 # e.g. make TORCH="torch --index-url https://download.pytorch.org/whl/cu124" test
 TORCH  ?= torch==2.13.0
 
-.PHONY: train test install clean
+.PHONY: train test lint format install clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -26,6 +27,14 @@ train: install
 
 test: install
 	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
