@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make train   -> virtualenv + install + `python train.py` (embedded default run)
 #   make test    -> virtualenv + install + the test suite
-#   make lint    -> ruff (lint + format check), pinned in pyproject.toml so that CI and pre-commit agree
+#   make lint    -> ruff (lint + format check) and mypy (src/), pinned in pyproject.toml so that CI and pre-commit agree
 # Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking"
 
 VENV   ?= .venv
@@ -31,6 +31,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff check --fix .

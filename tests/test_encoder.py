@@ -2,7 +2,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
+from pretrainlab.config import ConfigError
+from pretrainlab.model.encoder import Encoder, EncoderConfig, count_parameters
 from tests.conftest import compose_train
 
 

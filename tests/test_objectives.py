@@ -5,8 +5,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from pretrainlab.config import ConfigError
 from pretrainlab.data.sentence_pairs import SentencePairs
-from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig, count_parameters
+from pretrainlab.model.encoder import Encoder, EncoderConfig, count_parameters
 from pretrainlab.objectives.albert import NgramMaskingCollator
 from pretrainlab.objectives.bert import BERT
 from pretrainlab.objectives.electra import ELECTRA

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from pretrainlab.config import ConfigError
 from pretrainlab.data.batches import EpochBatches
-from pretrainlab.model.encoder import ConfigError
 from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.devices import batch_split
 from tests.conftest import ROOT, SMALL, compose_train

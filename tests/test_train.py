@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from pretrainlab.config import ConfigError
 from pretrainlab.export import load_encoder
-from pretrainlab.model.encoder import ConfigError
 from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.loggers import read_wandb_id
 from tests.conftest import ROOT, SMALL, compose_train, run_command

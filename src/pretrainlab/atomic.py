@@ -85,7 +85,7 @@ def temporary_dir(final: Path) -> Path:
     return tmp
 
 
-def write_with(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+def write_with(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(f)`` on a temporary file beside ``path``, then rename it onto ``path`` (onto
     the target of a link at ``path``: :func:`destination`)."""
     path = destination(path)
@@ -135,7 +135,7 @@ def write_json(path: str | Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def build_dir(final: str | Path, build: Callable[[Path], None], replace: bool = True) -> Path:
+def build_dir(final: str | Path, build: Callable[[Path], object], replace: bool = True) -> Path:
     """Build a directory with ``build(tmp)`` and rename it onto ``final``. Everything in it gets
     the ordinary permissions (some writers, safetensors among them, make their files private).
 

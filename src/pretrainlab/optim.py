@@ -32,7 +32,7 @@ class OptimConfig:
     fused: bool | None = None  # None: fused kernels where this torch supports them
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be positive, got {self.lr}.")
         if self.warmup < 0:

@@ -80,7 +80,9 @@ class ExampleStore:
     @property
     def lengths(self) -> np.ndarray:
         """Every example's number of tokens."""
-        return np.diff(self.columns["input_ids"][1])
+        offsets = self.columns["input_ids"][1]
+        assert offsets is not None, "input_ids is a list column"
+        return np.diff(offsets)
 
 
 def examples_to_table(examples: Iterable[Example]) -> pa.Table:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -133,21 +134,26 @@ class ResumableLoader(DataLoader):
         super().__init__(*args, **kwargs)
         self._step_fn = step_fn
 
+    @property
+    def batches(self) -> EpochBatches:
+        """The sampler, which is always an :class:`EpochBatches`."""
+        return cast(EpochBatches, self.sampler)
+
     def state_dict(self) -> dict:
         return {
             "global_step": int(self._step_fn()) if self._step_fn else 0,
-            "accumulate": self.sampler.accumulate,
-            "micro_batches": len(self.sampler),
+            "accumulate": self.batches.accumulate,
+            "micro_batches": len(self.batches),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("micro_batches") != len(self.sampler) or state.get("accumulate") != self.sampler.accumulate:
+        if state.get("micro_batches") != len(self.batches) or state.get("accumulate") != self.batches.accumulate:
             raise ValueError(
                 f"the checkpoint's data order ({state.get('micro_batches')} micro-batches per epoch, accumulation "
-                f"{state.get('accumulate')}) differs from this run's ({len(self.sampler)}, {self.sampler.accumulate}): "
+                f"{state.get('accumulate')}) differs from this run's ({len(self.batches)}, {self.batches.accumulate}): "
                 f"resume with the same data, batch_size, device_batch_size and number of devices."
             )
-        self.sampler.resume_at((state["global_step"] * self.sampler.accumulate) % len(self.sampler))
+        self.batches.resume_at((state["global_step"] * self.batches.accumulate) % len(self.batches))
 
 
 class MaskedBatches(Dataset):

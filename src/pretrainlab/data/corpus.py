@@ -134,7 +134,7 @@ class CorpusError(ValueError):
     """A corpus that cannot be read or cannot give a pretraining run what it needs."""
 
 
-def _caused_by(e: BaseException, kind: type) -> bool:
+def _caused_by(e: BaseException | None, kind: type) -> bool:
     while e is not None:
         if isinstance(e, kind):
             return True
@@ -208,7 +208,7 @@ class Corpus:
         return "a held-out split needs at least 2: use a larger corpus."
 
     def key(self) -> dict:
-        return {"corpus": type(self).__name__, **asdict(self)}
+        return {"corpus": type(self).__name__, **asdict(self)}  # type: ignore[call-overload]  # every corpus is a dataclass
 
     def fingerprint(self) -> str:
         return fingerprint(self.key())
@@ -304,7 +304,7 @@ class TextFiles(Corpus):
             bad = [str(p) for p in found if p.suffix.lower() not in _LOADERS][:3]
             raise ValueError(f"unsupported file type: {bad}; use .txt, .jsonl, .json or .parquet.")
         if len(kinds) > 1:
-            raise ValueError(f"data.files mixes file types {sorted(kinds)}; use one type per corpus.")
+            raise ValueError(f"data.files mixes file types {sorted(str(k) for k in kinds)}; use one type per corpus.")
         empty = [str(p) for p in found if p.stat().st_size == 0]
         if empty:
             raise ValueError(f"empty data file(s): {empty[:5]}; remove them from data.files.")

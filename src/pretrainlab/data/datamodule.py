@@ -72,6 +72,12 @@ class PretrainDataModule(L.LightningDataModule):
             **kwargs,
         )
 
+    def _store(self, split: str) -> ExampleStore:
+        store = self.train_store if split == "train" else self.val_store
+        if store is None:
+            raise RuntimeError(f"the {split} examples are not built yet: call prepare() or setup() first")
+        return store
+
     def _global_step(self) -> int:
         trainer = getattr(self, "trainer", None)
         return trainer.global_step if trainer is not None else 0
@@ -93,8 +99,9 @@ class PretrainDataModule(L.LightningDataModule):
                     world,
                 )
             )
+        store = self._store("train")
         sampler = EpochBatches(
-            len(self.train_store),
+            len(store),
             self.batch_size,
             self.seed,
             True,
@@ -102,10 +109,10 @@ class PretrainDataModule(L.LightningDataModule):
             rank,
             world,
             accumulate=self.accumulate,
-            lengths=self.train_store.lengths,
+            lengths=store.lengths,
         )
         return self._loader(
-            MaskedBatches(self.train_store, self.collator, self.seed),
+            MaskedBatches(store, self.collator, self.seed),
             sampler,
             ResumableLoader,
             step_fn=self._global_step,
@@ -126,13 +133,14 @@ class PretrainDataModule(L.LightningDataModule):
                     self.buffer_documents,
                 )
             )
-        n = len(self.val_store)
+        store = self._store("val")
+        n = len(store)
         bs = min(self.val_batch_size, max(1, n // world))
         # fixed order and fixed masks: validation numbers are comparable across evaluations
         sampler = EpochBatches(
             n, bs, self.seed, shuffle=False, drop_last=True, rank=rank, world_size=world, follow_epochs=False
         )
-        return self._loader(MaskedBatches(self.val_store, self.collator, self.seed + 1), sampler)
+        return self._loader(MaskedBatches(store, self.collator, self.seed + 1), sampler)
 
 
 __all__ = ["PretrainDataModule"]

@@ -89,7 +89,7 @@ class ExampleBuilder:
     version = 1
 
     def key(self) -> dict:
-        return {"builder": type(self).__name__, "version": self.version, **asdict(self)}
+        return {"builder": type(self).__name__, "version": self.version, **asdict(self)}  # type: ignore[call-overload]  # every builder is a dataclass
 
     def __call__(
         self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator

@@ -32,6 +32,7 @@ import torch
 from tokenizers import Tokenizer
 
 from pretrainlab import atomic
+from pretrainlab.config import plain_or_none
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.data.sources import local_root
@@ -237,7 +238,7 @@ def load_pairs(
     pairs = read_hub() if root is None else read_local(root)
     digests = None if root is None else {f.name: file_digest(f) for f in sorted(root.glob("*.jsonl"))}
     if max_pairs is not None:
-        kept, count = [], {}
+        kept, count = [], {}  # type: list[Pair], dict[str, int]
         for p in pairs:
             count[p.paradigm] = count.get(p.paradigm, 0) + 1
             if count[p.paradigm] <= max_pairs:
@@ -355,10 +356,9 @@ def run_task(cfg, model) -> dict:
     """``task=blimp`` on ``model`` (a ``finetuning.encoders.Pretrained``): the objective it was
     pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
     seeded), scores every pair. Returns the results' fields."""
-    from omegaconf import OmegaConf
 
+    from pretrainlab.config import ConfigError
     from pretrainlab.export.native import load_objective
-    from pretrainlab.model.encoder import ConfigError
     from pretrainlab.runtime.devices import inference_autocast, inference_device
 
     if str(cfg.pretrained).startswith("hf:"):
@@ -369,7 +369,7 @@ def run_task(cfg, model) -> dict:
     torch.manual_seed(cfg.seed)  # the scratch baseline's heads
     objective = load_objective(cfg.pretrained, model.encoder, model.tokens, weights=cfg.init != "scratch")
     b = cfg.blimp
-    synthetic = OmegaConf.to_container(b.synthetic, resolve=True) if b.get("synthetic") else None
+    synthetic = plain_or_none(b.get("synthetic"))
     pairs, digests = load_pairs(b.source, b.data_dir, cfg.cache_dir, synthetic, b.get("max_pairs"))
     device = inference_device(cfg)
     encoder = model.encoder.to(device)

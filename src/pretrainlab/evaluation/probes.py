@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pretrainlab import atomic
+from pretrainlab.config import plain_or_none
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.model.encoder import Encoder
 
@@ -62,6 +63,8 @@ def word_features(encoder: Encoder, encoded, pad_id: int, batch_size: int, devic
         for row, i in enumerate(idx):
             first = start_of[encoded.sentence[i]] + encoded.offset[i]
             out[first : first + len(encoded.firsts[i])] = stacked[row, encoded.firsts[i]].numpy()
+    if out is None:
+        raise ValueError("no sentences to extract features from")
     return out
 
 
@@ -91,6 +94,8 @@ def sentence_features(
         if out is None:
             out = np.zeros((len(ids), mean.shape[1], mean.shape[2]), dtype=np.float16)
         out[idx] = mean.numpy()
+    if out is None:
+        raise ValueError("no sentences to extract features from")
     return out
 
 
@@ -123,7 +128,7 @@ class Probe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x[:, self.layers]
-        if self.mix:
+        if self.weights is not None and self.scale is not None:  # mix
             x = self.scale * (torch.softmax(self.weights, 0)[None, :, None] * x).sum(1)
         else:
             x = x.flatten(1)
@@ -194,6 +199,7 @@ def probe_all(
         )
         out["probes"][name] = score(predict(probe, xd))
         if mix:
+            assert probe.weights is not None
             out["mix_weights"] = [round(float(w), 4) for w in torch.softmax(probe.weights.detach(), 0)]
     return out
 
@@ -202,7 +208,6 @@ def probe_all(
 def run_task(cfg, model) -> dict:
     """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``finetuning.encoders.Pretrained``):
     features (cached), probes, the results' fields."""
-    from omegaconf import OmegaConf
 
     from pretrainlab.runtime.devices import inference_autocast, inference_device
 
@@ -223,7 +228,7 @@ def run_task(cfg, model) -> dict:
         from pretrainlab.evaluation.tagging import encode_words, label_set
 
         n = cfg.ner
-        synthetic = OmegaConf.to_container(n.synthetic, resolve=True) if n.get("synthetic") else None
+        synthetic = plain_or_none(n.get("synthetic"))
         max_train = min(x for x in (cfg.task.get("max_train_examples"), n.get("max_train_examples"), 10**12) if x)
         splits, digests = ner.load(
             n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples")
@@ -262,11 +267,11 @@ def run_task(cfg, model) -> dict:
 
         g = cfg.glue
         spec = get_task(cfg.task.name.removeprefix("probe_"))
-        synthetic = OmegaConf.to_container(g.synthetic, resolve=True) if g.get("synthetic") else None
-        splits = load_task(spec, g.source, g.data_dir, cfg.cache_dir, synthetic)
+        synthetic = plain_or_none(g.get("synthetic"))
+        glue_splits = load_task(spec, g.source, g.data_dir, cfg.cache_dir, synthetic)
         digests = data_digests(spec, g.source, g.data_dir, cfg.cache_dir, synthetic)
-        train = splits["train"].head(cfg.task.get("max_train_examples"))
-        dev = splits["validation"].head(g.get("max_eval_examples"))
+        train = glue_splits["train"].head(cfg.task.get("max_train_examples"))
+        dev = glue_splits["validation"].head(g.get("max_eval_examples"))
         train_y, dev_y = np.asarray(train.labels), np.asarray(dev.labels)
         special = set(model.tokens.special_ids)
 

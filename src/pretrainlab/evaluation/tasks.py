@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pretrainlab.config import plain_or_none
 from pretrainlab.glue.tasks import TASKS as GLUE_TASKS
 
 
@@ -62,13 +63,12 @@ def data_digests(name: str, cfg) -> dict[str, str] | None:
     """The sha256 of the local files task ``name`` reads under the fine-tuning config ``cfg`` (the
     synthetic ones generated into the cache first), without parsing them; None from the hub. A
     finished result records them, so that data edited since is noticed."""
-    from omegaconf import OmegaConf
 
     from pretrainlab.data.hashing import file_digest
 
     task = get(name)
     block = cfg[task.data]
-    synthetic = OmegaConf.to_container(block.synthetic, resolve=True) if block.get("synthetic") else None
+    synthetic = plain_or_none(block.get("synthetic"))
     if task.data == "glue":
         from pretrainlab.glue.data import data_digests as glue_digests
         from pretrainlab.glue.tasks import get_task

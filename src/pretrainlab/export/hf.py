@@ -29,6 +29,7 @@ from pretrainlab import atomic
 from pretrainlab.data.tokenizer import load_tokenizer
 from pretrainlab.export.native import check_output_dir, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.objectives.base import Objective
 from pretrainlab.runtime.checkpoints import load_tensors
 from pretrainlab.runtime.checkpoints import read as read_checkpoint
 from pretrainlab.tokens import ROLES, SPECIALS, SpecialTokens, special_tokens, with_template
@@ -265,7 +266,7 @@ def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Pat
     cfg = encoder.config
     objective = objective_class(meta)
     arch = architecture(cfg, getattr(objective, "hf_model_type", None))
-    specials = {r: tokenizer.id_to_token(i) for r, i in meta["special_tokens"].items()}
+    specials = {r: str(tokenizer.id_to_token(i)) for r, i in meta["special_tokens"].items()}
     ours = encoder.state_dict()
     head = _head_from_checkpoint(export.parent / "checkpoints" / "last.ckpt", ours, objective, arch)
     base = {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[arch]
@@ -291,7 +292,7 @@ def export_hf(path: str | Path, out_dir: str | Path, force: bool = False) -> Pat
 
 
 def _head_from_checkpoint(
-    ckpt: Path, encoder_state: dict[str, torch.Tensor], objective: type | None, arch: str
+    ckpt: Path, encoder_state: dict[str, torch.Tensor], objective: type[Objective] | None, arch: str
 ) -> tuple[str, dict[str, torch.Tensor]] | None:
     """(transformers class, head tensors) from the run's checkpoint, when it holds a head the
     objective can map and its encoder is the exported one (a checkpoint of another run, or of an

@@ -102,6 +102,7 @@ def export_encoder(
         if objective is not None:
             save_file(_float32(objective), str(tmp / OBJECTIVE))
         cls, sep = tokenizer.id_to_token(tokens.cls_id), tokenizer.id_to_token(tokens.sep_id)
+        assert cls is not None and sep is not None, "the special tokens are in the vocabulary"
         with_template(tokenizer, cls, sep).save(str(tmp / TOKENIZER))
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from pretrainlab.config import ConfigError
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, load_encoder, resolve_export_dir
-from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig
+from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.runtime.loggers import read_wandb_id
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
@@ -63,7 +64,7 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
             )
         cfg, _ = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
         tokenizer = next((d / f for f in ("tokenizer.json", "vocab.txt") if (d / f).is_file()), None)
-        model, seed, pre = model_name(d), None, {}
+        model, seed, pre = model_name(d), None, {}  # type: str, int | None, dict
     else:
         d = resolve_export_dir(pretrained)
         meta = json.loads((d / CONFIG).read_text())

@@ -10,6 +10,9 @@ sets are scored at the end of every epoch with the task's GLUE metrics over the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import lightning as L
 import numpy as np
 import torch
@@ -20,6 +23,7 @@ from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
+from pretrainlab.runtime.loggers import log_interval
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
 
 
@@ -38,7 +42,9 @@ class Trainable(L.LightningModule):
         self._outputs: dict[int, list] = {}
         self.nonfinite = NonFiniteWatch()
         self.compile_options = compile
-        self._compiled = None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        self._compiled: Callable[[dict], torch.Tensor] | None = (
+            None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        )
 
     def setup(self, stage: str) -> None:
         if self.compile_options is not None and self._compiled is None:
@@ -62,14 +68,14 @@ class Trainable(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.loss(self(batch), batch["labels"])
         self.nonfinite.record(loss)  # looked at when logging and before every evaluation
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        if (self.global_step + 1) % log_interval(self.trainer) == 0:
             self.log("train/loss", loss.detach(), prog_bar=True)
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.nonfinite.advance()
-        if self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+        if self.trainer.global_step % log_interval(self.trainer) == 0:
             self._check_finite()
 
     def on_train_start(self) -> None:
@@ -94,14 +100,17 @@ class Trainable(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.history.append({"epoch": self.current_epoch + 1, "step": self.global_step, "metrics": metrics})
 
+    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.all_gather(x))
+
     def gather_padded(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Every rank's tensors (their first dimension may differ by one: padded to agree), flattened."""
         out = []
         for x in tensors:
             size = torch.tensor([x.shape[0]], device=x.device)
-            longest = int(self.all_gather(size).max())
+            longest = int(self._all_gather(size).max())
             padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, longest - x.shape[0]), value=-1)
-            out.append(self.all_gather(padded).flatten(0, 1))
+            out.append(self._all_gather(padded).flatten(0, 1))
         keep = out[0] >= 0 if out[0].dim() == 1 else torch.ones(len(out[0]), dtype=torch.bool, device=out[0].device)
         return tuple(x[keep] for x in out)
 
@@ -167,14 +176,13 @@ class FinetuneModule(Trainable):
             pred = torch.cat([o[1] for o in outs])
             label = torch.cat([o[2] for o in outs])
             if self.trainer.world_size > 1:  # every rank scores the whole dev set
-                index, pred, label = (self.all_gather(x).flatten(0, 1) for x in (index, pred, label))
-            index, pred, label = index.cpu().numpy(), pred.cpu().numpy(), label.cpu().numpy()
-            _, first = np.unique(index, return_index=True)  # a distributed sampler repeats a few examples
-            pred, label = pred[first], label[first]
+                index, pred, label = (self._all_gather(x).flatten(0, 1) for x in (index, pred, label))
+            _, first = np.unique(index.cpu().numpy(), return_index=True)  # a distributed sampler repeats a few
+            predicted, gold = pred.cpu().numpy()[first], label.cpu().numpy()[first]
             if not self.spec.is_regression:
-                pred, label = pred.astype(np.int64), label.astype(np.int64)
+                predicted, gold = predicted.astype(np.int64), gold.astype(np.int64)
             suffix = self.spec.eval_splits[split][1]
-            for name, value in compute(list(self.spec.metrics), pred, label).items():
+            for name, value in compute(list(self.spec.metrics), predicted, gold).items():
                 metrics[f"{name}{suffix}"] = value
         return metrics
 

@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
+from pretrainlab.config import ConfigError, plain_or_none
 from pretrainlab.evaluation import tasks as evaluations
 from pretrainlab.finetuning.encoders import Pretrained, load_pretrained
 from pretrainlab.finetuning.module import FinetuneModule, Trainable
@@ -42,7 +43,6 @@ from pretrainlab.glue.data import (
 )
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
-from pretrainlab.model.encoder import ConfigError
 from pretrainlab.runtime.devices import check_precision, compile_options, world_size
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
@@ -112,7 +112,7 @@ def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) 
     spec = get_task(cfg.task.name)
     t0 = time.time()
     glue = cfg.glue
-    synthetic = OmegaConf.to_container(glue.synthetic, resolve=True) if glue.get("synthetic") else None
+    synthetic = plain_or_none(glue.get("synthetic"))
     splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
     digests = data_digests(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
     train_split = splits["train"].head(glue.get("max_train_examples"))
@@ -186,7 +186,7 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
 
     t0 = time.time()
     n = cfg.ner
-    synthetic = OmegaConf.to_container(n.synthetic, resolve=True) if n.get("synthetic") else None
+    synthetic = plain_or_none(n.get("synthetic"))
     splits, digests = ner.load(
         n.source, n.data_dir, cfg.cache_dir, synthetic, n.get("max_train_examples"), n.get("max_eval_examples")
     )

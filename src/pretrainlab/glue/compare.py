@@ -213,12 +213,12 @@ def _check_same_settings(results: list[dict]) -> None:
         with_files = [r for r in rs if (r.get("data") or {}).get("files")]
         for r in with_files[1:]:
             a, b = with_files[0]["data"]["files"], r["data"]["files"]
-            changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            if changed:
+            differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            if differing:
                 raise CompareError(
-                    f"{task} results were computed on different data: {', '.join(changed)} differ between "
-                    f"{with_files[0].get('run_dir')} and {r.get('run_dir')} (sha256 {str(a.get(changed[0]))[:12]} and "
-                    f"{str(b.get(changed[0]))[:12]}). Scores on different data are not comparable: re-run them on the "
+                    f"{task} results were computed on different data: {', '.join(differing)} differ between "
+                    f"{with_files[0].get('run_dir')} and {r.get('run_dir')} (sha256 {str(a.get(differing[0]))[:12]} and "
+                    f"{str(b.get(differing[0]))[:12]}). Scores on different data are not comparable: re-run them on the "
                     f"same files."
                 )
 
@@ -279,13 +279,14 @@ def row_labels(results: list[dict]) -> dict[str, str]:
     """Encoder id -> its row: the label, with the model when the results span several models.
     Pretraining seeds of one (label, model) share a row; two encoders claiming the same label,
     model and pretraining seed are refused."""
-    encoders = {}
+    encoders: dict = {}
     for r in results:
         e = encoder_of(r)
         encoders.setdefault(e["id"], e)
     models = {e["model"] for e in encoders.values()}
     several = len(models) > 1
-    rows, claimed = {}, {}
+    rows: dict = {}
+    claimed: dict = {}
     for eid, e in encoders.items():
         row = f"{e['label']} ({e['model'] or '?'})" if several else e["label"]
         rows[eid] = row
@@ -565,17 +566,17 @@ def to_markdown(table: dict) -> str:
             short |= bool(c) and len(c["seeds"]) < expected
         lines.append("| " + " | ".join(row) + " |")
     seeds = [per_encoder]
-    encoders = sorted({len(v) for v in table.get("encoders", {}).values()})
+    per_row = sorted({len(v) for v in table.get("encoders", {}).values()})
     interval = table.get("interval") or {"level": stats.LEVEL, "method": "t"}
     pct = f"{100 * interval['level']:g}%"
     how = {"t": "two-level t interval", "bootstrap": "hierarchical bootstrap"}[interval["method"]]
     pretrain = ""
-    if any(n > 1 for n in encoders):
+    if any(n > 1 for n in per_row):
         pretrain = (
-            f", over {'/'.join(map(str, encoders))} pretraining seed(s) per row: the mean of the encoders' "
+            f", over {'/'.join(map(str, per_row))} pretraining seed(s) per row: the mean of the encoders' "
             f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]"
         )
-    single = any(n == 1 for n in encoders)
+    single = any(n == 1 for n in per_row)
     lines.append("")
     seeded = (
         (
@@ -768,7 +769,9 @@ def plot(table: dict, path: Path) -> Path:
         for g in groups:
             c = table["glue"].get(label) if g == "glue" else table["cells"][label].get(g)
             if not c:
-                means.append(np.nan), low.append(0.0), high.append(0.0)
+                means.append(np.nan)
+                low.append(0.0)
+                high.append(0.0)
                 continue
             mean, sd = c["score"]
             ci = (c.get("summary") or {}).get("ci")
@@ -813,7 +816,7 @@ def plot(table: dict, path: Path) -> Path:
                 colors="black",
                 linestyles="dashed",
                 linewidth=1,
-                label=None if labelled else "majority class / constant",
+                label=None if labelled else "majority class / constant",  # type: ignore[arg-type]  # None: no entry
                 zorder=4,
             )
             labelled = True
@@ -963,7 +966,7 @@ def log_to_wandb(
     run = wandb.init(
         project=project,
         entity=entity,
-        mode=mode,
+        mode=mode,  # type: ignore[arg-type]  # checked by the caller: online | offline | disabled
         job_type="compare",
         group=group,
         dir=str(out_dir),

@@ -182,7 +182,7 @@ class _World:
         """``c`` with, at even odds, another verb than ``base``'s or another noun in ``slot``."""
         if self.rng.random() < 0.5:
             return replace(c, verb=self.verb(t, avoid=base.verb))
-        return replace(c, **{slot: self.noun(t, avoid=getattr(base, slot))})
+        return replace(c, **{slot: self.noun(t, avoid=getattr(base, slot))})  # type: ignore[arg-type]  # a noun slot
 
     def core(self, c: Clause) -> Clause:
         return replace(c, stage=None, subj_adj=None, obj_adj=None, prep=None)
@@ -260,6 +260,7 @@ def _stsb(w: _World, i: int, t: int) -> tuple:
         elif s == "obj":
             b = replace(b, obj=w.noun(t, avoid=a.obj))
         else:
+            assert a.prep is not None  # "prep" is among the slots only when the clause has one
             b = replace(b, prep=(a.prep[0], w.noun(t, avoid=a.prep[1]), a.prep[2]))
     score = 5.0 * (4 - len(slots)) / 4
     return (str(i), "synthetic", "syn", "2026", f"{i:04d}", "none", "none", a.render(), b.render(), f"{score:.3f}")

@@ -23,12 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrainlab.config import ConfigError
 from pretrainlab.model.attention import SelfAttention, gather_rows
 from pretrainlab.model.dropout import Dropout
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work, with a sentence saying why and what to change."""
 
 
 @dataclass
@@ -44,10 +41,10 @@ class EncoderConfig:
     hidden_size: int = 768
     num_layers: int = 12
     num_heads: int = 12
-    intermediate_size: int | None = None  # default 4 * hidden_size
+    intermediate_size: int = None  # type: ignore[assignment]  # None: 4 * hidden_size (__post_init__)
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
-    embedding_size: int | None = None  # default hidden_size (no factorisation)
+    embedding_size: int = None  # type: ignore[assignment]  # None: hidden_size (no factorisation)
     share_layers: bool = False
     pre_layer_norm: bool = False  # post-LN is BERT's; pre-LN trains more stably when deep
     hidden_dropout: float = 0.1
@@ -190,6 +187,15 @@ class Encoder(nn.Module):
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.add_pooler else None
         self.apply(self._init_weights)
 
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The token embedding table, which the masked-LM heads are tied to."""
+        if self.embeddings is None:
+            raise AttributeError(
+                "this encoder borrows its embeddings (an ELECTRA generator): it has no table of its own"
+            )
+        return self.embeddings.word_embeddings
+
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -225,7 +231,10 @@ class Encoder(nn.Module):
                 f"sequence length {t} exceeds model.max_position_embeddings="
                 f"{self.config.max_position_embeddings}; shorten the inputs or use a model with more positions."
             )
-        x = (embeddings if embeddings is not None else self.embeddings)(input_ids, token_type_ids)
+        embedder = embeddings if embeddings is not None else self.embeddings
+        if embedder is None:
+            raise ValueError("this encoder borrows its embeddings (an ELECTRA generator): pass embeddings=")
+        x = embedder(input_ids, token_type_ids)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real

@@ -201,6 +201,8 @@ def plain_cross_entropy(
     accuracy = ((logits.detach().argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)
     if temperature is None:
         return loss, accuracy
+    if uniform is None:
+        raise ValueError("sampling (temperature set) needs one uniform value per row: pass uniform=")
     samples = torch.where(valid, sample(logits, temperature, uniform), ignore_index)
     return loss, accuracy, samples
 

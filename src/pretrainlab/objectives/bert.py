@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pretrainlab.config import ConfigError
 from pretrainlab.data.sentence_pairs import SentencePairs
-from pretrainlab.model.encoder import ConfigError, Encoder, EncoderConfig
+from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.model.heads import PairHead
 from pretrainlab.objectives.base import Batch, ObjectiveOutput
 from pretrainlab.objectives.learning import HeadCheck, Tally, pair_check, pair_metrics, pair_tally

@@ -91,7 +91,7 @@ class ELECTRA(Objective):
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         ids, types, attention = batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
         positions, originals = batch["mlm_positions"], batch["mlm_labels"]  # (batch, slots)
-        word_embeddings = encoder.embeddings.word_embeddings.weight
+        word_embeddings = encoder.word_embeddings.weight
 
         # generator: masked LM on the corrupted input, through the shared embeddings, and one sample
         # from it at each masked position (no gradient flows through the sample)
@@ -144,7 +144,7 @@ class ELECTRA(Objective):
         generator's samples make, as in training."""
         ids, types, attention = batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
         positions, originals = batch["mlm_positions"], batch["mlm_labels"]
-        weight = encoder.embeddings.word_embeddings.weight
+        weight = encoder.word_embeddings.weight
         gen = self.generator(ids, types, attention, embeddings=encoder.embeddings, rows=positions)
         _, _, sampled = self.generator_head.loss(
             gen.hidden_states, weight, originals, self.temperature, batch["sample_uniform"]
@@ -175,7 +175,7 @@ class ELECTRA(Objective):
         """The discriminator's log-probability that every token is original: the sum, over the
         sequence's tokens ([CLS] and [SEP] excepted), of log(1 - sigmoid(logit)) = -softplus(logit).
         One forward per sequence; sequences of one length are stacked without padding."""
-        device = encoder.embeddings.word_embeddings.weight.device
+        device = encoder.word_embeddings.weight.device
         special = torch.tensor(sorted(self.tokens.special_ids), device=device)
         scores = np.zeros(len(sequences), dtype=np.float64)
         for length, members in by_length(sequences).items():

@@ -107,7 +107,7 @@ class MaskedLM(Objective):
     def mlm_loss(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, accuracy) over the masked positions, whose hidden states ``out`` holds as (batch,
         slots, hidden), laid out as ``batch["mlm_positions"]``."""
-        return self.mlm_head.loss(out.hidden_states, encoder.embeddings.word_embeddings.weight, batch["mlm_labels"])
+        return self.mlm_head.loss(out.hidden_states, encoder.word_embeddings.weight, batch["mlm_labels"])
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
@@ -115,7 +115,7 @@ class MaskedLM(Objective):
 
     def mlm_tally(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> Tally:
         """The MLM head's counts at the selected positions, by what the encoder was shown there."""
-        weight = encoder.embeddings.word_embeddings.weight
+        weight = encoder.word_embeddings.weight
         shown = batch["input_ids"].gather(1, batch["mlm_positions"])
         return masked_tally(
             "mlm",
@@ -142,7 +142,7 @@ class MaskedLM(Objective):
         masked in a copy of its own; copies of sequences of one length are stacked without padding,
         about ``max_tokens`` tokens at a time, and the encoder's last layer computes only the
         masked row of each copy."""
-        device = encoder.embeddings.word_embeddings.weight.device
+        device = encoder.word_embeddings.weight.device
         special = torch.tensor(sorted(self.tokens.special_ids), device=device)
         scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
         for length, members in by_length(sequences).items():
@@ -156,7 +156,7 @@ class MaskedLM(Objective):
                 copies[torch.arange(len(p), device=device), p] = self.tokens.mask_id
                 hidden = encoder(copies, None, None, rows=p[:, None]).hidden_states[:, 0]
                 logits = F.linear(
-                    self.mlm_head.transform(hidden), encoder.embeddings.word_embeddings.weight, self.mlm_head.bias
+                    self.mlm_head.transform(hidden), encoder.word_embeddings.weight, self.mlm_head.bias
                 ).float()
                 logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
                 scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())

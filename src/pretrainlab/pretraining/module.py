@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import lightning as L
 import numpy as np
@@ -35,12 +36,17 @@ from pretrainlab.objectives import learning
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.optim import Budget, OptimConfig
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
+from pretrainlab.runtime.loggers import log_interval
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
 
 log = logging.getLogger("pretrainlab")
 
 
 class PretrainModule(L.LightningModule):
+    tokens_seen: torch.Tensor  # buffers (checkpointed)
+    skipped_batches: torch.Tensor
+    train_seconds: torch.Tensor
+
     def __init__(
         self,
         encoder_config: EncoderConfig,
@@ -79,7 +85,9 @@ class PretrainModule(L.LightningModule):
         self.batch_tokens: float | None = None  # tokens of the current micro-batch on all ranks (host)
         self._log_now = False
         self.compile_options = compile
-        self._compiled = None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        self._compiled: Callable[[dict[str, torch.Tensor]], ObjectiveOutput] | None = (
+            None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        )
         self._warmup_start: float | None = None
         self._start_step = 0
         self._tally: learning.Tally | None = None
@@ -120,14 +128,14 @@ class PretrainModule(L.LightningModule):
         see ``PretrainDataModule.on_before_batch_transfer``), or for a streamed corpus, where each
         rank knows its own share only, summed over the ranks (waiting for the device)."""
         if "global_tokens" in batch:
-            return batch["global_tokens"]
+            return float(batch["global_tokens"])
         n = batch["n_tokens"].to(torch.float64)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(n)
         return float(n)
 
     # --- steps ----------------------------------------------------------------------------------
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         out = self.forward_loss(batch)
         loss = out.loss.detach()
         self.batch_tokens = None
@@ -189,9 +197,9 @@ class PretrainModule(L.LightningModule):
                 for key in ("value", "baseline", "status")
             },
         }
-        for name, value in metrics.items():
-            if np.isfinite(value):
-                self.log(f"learning/{name}", float(value), batch_size=1)
+        for name, number in metrics.items():
+            if np.isfinite(number):
+                self.log(f"learning/{name}", float(number), batch_size=1)
         self.log("learning/heads_at_baseline", float(sum(c.at_baseline for c in self.learning_checks)), batch_size=1)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -205,7 +213,7 @@ class PretrainModule(L.LightningModule):
         if self.device.type == "cuda":
             torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
         # training metrics are logged at the trainer's interval only (Lightning writes them then)
-        self._log_now = (self.global_step + 1) % self.trainer.log_every_n_steps == 0
+        self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
         if self._compiled is not None and self._warmup_start is None:
             self._warmup_start = time.perf_counter()
 
@@ -247,10 +255,10 @@ class PretrainModule(L.LightningModule):
             return  # inside a gradient accumulation
         self.nonfinite.advance()
         self.budget.record(self.budget_used())
-        if self.budget.kind != "steps" and self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+        if self.budget.kind != "steps" and self.trainer.global_step % log_interval(self.trainer) == 0:
             self.log("budget/used", self.budget.used, batch_size=1)
             self.log("budget/fraction", self.budget.progress, batch_size=1)
-        if self.on_nonfinite == "stop" and self.trainer.global_step % self.trainer.log_every_n_steps == 0:
+        if self.on_nonfinite == "stop" and self.trainer.global_step % log_interval(self.trainer) == 0:
             self.check_finite()
         reached = self.budget.reached
         if self.budget.kind == "minutes" and self.trainer.world_size > 1:  # clocks differ: agree on the step

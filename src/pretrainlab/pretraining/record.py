@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -38,7 +39,7 @@ def recorded(run_dir: Path) -> tuple[dict, dict | None, str] | None:
         if pre.get("config"):
             return pre["config"], pre.get("data"), "pretrained"
     if (run_dir / "config.yaml").is_file():
-        return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")), None, "started"
+        return cast(dict, OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))), None, "started"
     return None
 
 

@@ -19,10 +19,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.config import ConfigError, plain
 from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.export import export_encoder
-from pretrainlab.model.encoder import ConfigError, EncoderConfig
+from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget
 from pretrainlab.pretraining.learning_log import LearningLog
@@ -160,7 +161,7 @@ def _run(
     cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_from: Path | None, resume_hint: str
 ) -> dict[str, Any]:
     run_dir = script.dir
-    objective_cfg = OmegaConf.to_container(cfg.objective, resolve=True)
+    objective_cfg = plain(cfg.objective)
     if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
         check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
     script.start()
@@ -197,7 +198,7 @@ def _run(
             "examples: %d train (%d tokens), %d val",
             len(datamodule.train_store),
             datamodule.train_store.num_tokens,
-            len(datamodule.val_store),
+            len(datamodule.val_store or ()),
         )
 
     budget = build_budget(cfg, datamodule, objective.flops_per_token(encoder_config, cfg.max_seq_len))

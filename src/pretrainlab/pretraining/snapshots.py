@@ -23,6 +23,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
@@ -131,7 +132,7 @@ class EncoderSnapshots(L.Callback):
     ``export(module, out_dir, fraction)`` writes one snapshot. Snapshots already on disk (a
     resumed run) are kept."""
 
-    def __init__(self, fractions: list[float], run_dir: Path, export: Callable[[L.LightningModule, Path, float], None]):
+    def __init__(self, fractions: list[float], run_dir: Path, export: Callable[[Any, Path, float], None]):
         self.fractions = check_fractions(fractions)
         self.run_dir = Path(run_dir)
         self.export = export

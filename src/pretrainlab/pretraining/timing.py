@@ -20,6 +20,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from pretrainlab.runtime.loggers import log_interval
+
 
 class StepTimer(Callback):
     """Times optimizer steps into the module's training seconds (``add_train_seconds``) and logs
@@ -56,9 +58,7 @@ class StepTimer(Callback):
         if self._step_start is None:  # the first micro-batch of this optimizer step (or after a skipped one)
             self._step_start = self._batch_start
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         self._busy += now - self._batch_start
         if pl_module.batch_tokens is not None:  # None: the batch was skipped
@@ -67,7 +67,7 @@ class StepTimer(Callback):
         if stepped and self._step_start is not None:
             pl_module.add_train_seconds(now - self._step_start)
             self._step_start = None
-        if stepped and trainer.global_step % trainer.log_every_n_steps == 0:
+        if stepped and trainer.global_step % log_interval(trainer) == 0:
             elapsed = self._busy + self._wait
             bs = batch["input_ids"].shape[0]
             if elapsed > 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.model.encoder import ConfigError
+from pretrainlab.config import ConfigError
 
 
 def world_size(cfg: DictConfig) -> int:

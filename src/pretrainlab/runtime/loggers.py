@@ -132,3 +132,8 @@ def finish_logger(logger: Logger | bool, exit_code: int = 0) -> None:
             run.tags = tuple(run.tags or ()) + (STOPPED[exit_code],)
             run.summary["stopped"] = STOPPED[exit_code]
         wandb.finish(exit_code=exit_code)
+
+
+def log_interval(trainer: Any) -> int:
+    """Lightning's ``log_every_n_steps``: set on the trainer when it is built, not declared on its class."""
+    return int(trainer.log_every_n_steps)

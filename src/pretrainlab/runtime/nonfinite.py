@@ -15,6 +15,10 @@ from torch import nn
 
 
 class NonFiniteWatch(nn.Module):
+    bad_step: torch.Tensor
+    bad_value: torch.Tensor
+    step: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         # not saved in checkpoints: a resumed run starts with a clean record

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.model.encoder import ConfigError
+from pretrainlab.config import ConfigError
 
 
 def _is_int(v: Any) -> bool:

@@ -86,8 +86,11 @@ class SaveOnSignal(Callback):
         self.stopped = False
 
     @property
-    def exit_code(self) -> int | None:
-        return None if self.signum is None else 128 + int(self.signum)
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process a signal ended (once a signal came)."""
+        if self.signum is None:
+            raise RuntimeError("no signal came: there is no exit code to report")
+        return 128 + int(self.signum)
 
     def _request(self, signum: int, frame: Any) -> None:
         if self.signum is None:
@@ -159,8 +162,8 @@ def fit(trainer: L.Trainer, stopper: SaveOnSignal, *args: Any, **kwargs: Any) ->
             raise
 
 
-def signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
+def signal_name(signum: int | None) -> str:
+    return "no signal" if signum is None else signal.Signals(signum).name
 
 
 @contextmanager

@@ -36,8 +36,9 @@ import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from pretrainlab.config import plain
 from pretrainlab.evaluation.tasks import get as get_task
 from pretrainlab.glue.compare import collect, is_final, log_to_wandb, to_markdown, write_report
 from pretrainlab.glue.results import ResultError, is_results_file
@@ -174,7 +175,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
     # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
     for encoder, init in encoders():
         gcfg = suite_cfg(encoder, init)
-        plan_suite(gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True))
+        plan_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides))
 
     for run_dir, train_cfg, choices, done in planned:
         name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
@@ -201,9 +202,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
                 )
     for encoder, init in encoders():
         gcfg = suite_cfg(encoder, init)
-        run_suite(
-            gcfg, tasks, seeds, None, OmegaConf.to_container(gcfg.task_overrides, resolve=True), resume_hint=resume
-        )
+        run_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an
     # earlier version of the study left in its directories)
@@ -214,7 +213,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         return (
             r["task"] in wanted_tasks
             and r["seed"] in seeds
-            and (is_final(r) or any(abs(float(fraction) - f) < 1e-9 for f in fractions))
+            and (is_final(r) or (fraction is not None and any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
         )
 
     table = write_report(

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import cast
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.data.datamodule import PretrainDataModule
@@ -44,7 +45,7 @@ def evaluate(
     averaged over the validation examples. ``pair_task`` (``nsp``/``sop``, for a run with a pair head):
     build the validation pairs of that task instead of the run's own."""
     run_dir = Path(run_dir)
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = cast(DictConfig, OmegaConf.load(run_dir / "config.yaml"))
     checkpoint = read(run_dir / "checkpoints" / "last.ckpt")
     data, tokens = build_data(cfg)
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
@@ -188,8 +189,8 @@ def learning_curves(runs: list[Path], out_dir: Path) -> dict[str, dict]:
         "| run | head | past its baseline at step | tokens | FLOPs | at the last validation | validations |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, heads in sorted(found.items()):
-        for head, f in heads.items():
+    for name, by_head in sorted(found.items()):
+        for head, f in by_head.items():
             at = f["past_at"]
             where = f"{at['step']:.0f} | {at['tokens']:.3g} | {at['flops']:.3g}" if at else "not yet | – | –"
             lines.append(f"| {name} | {head} | {where} | {f['last']} | {f['points']} |")

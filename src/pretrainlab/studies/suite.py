@@ -19,10 +19,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
+from pretrainlab.config import plain
 from pretrainlab.evaluation import tasks as evaluations
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
@@ -43,7 +45,7 @@ def task_config(name: str, overrides: dict | None = None, conf_dir: Path = CONF)
     """conf/task/<name>.yaml, with the non-null ``overrides`` applied to a fine-tuned task (GLUE,
     NER): a recipe override (lr, epochs, ...) is not a probe's or a zero-shot task's."""
     task = evaluations.get(name)
-    cfg = OmegaConf.load(conf_dir / "task" / f"{task.name}.yaml")
+    cfg = cast(DictConfig, OmegaConf.load(conf_dir / "task" / f"{task.name}.yaml"))
     if task.fine_tuned:
         for k, v in (overrides or {}).items():
             if v is not None:
@@ -116,7 +118,7 @@ def plan_suite(
                 done = read_result(path)
                 check_place(done, task.name, seed, path)
                 check_encoder(done, identity, cfg.init, path)
-                check_settings(done, OmegaConf.to_container(run_cfg, resolve=True), path)
+                check_settings(done, plain(run_cfg), path)
                 if digests is None:
                     digests = evaluations.data_digests(task.name, run_cfg) or {}
                 check_data(done, digests, path)
