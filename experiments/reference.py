@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         num_workers=0,
     )
     datamodule.prepare()
+    objective.token_counts = datamodule.train_store.token_counts(tokens.vocab_size)  # the unigram baselines
     model = reference_model(name, config, tokens.vocab_size)
     module = model.module if hasattr(model, "module") else model
     optim = instantiate(cfg.optim)

@@ -46,7 +46,11 @@ def test_masked_counts_split_by_what_the_model_was_shown_and_the_unigram_baselin
     counts = np.bincount(at_mask.numpy(), minlength=vocab)
     assert m["mlm_unigram_acc"] == pytest.approx(counts.max() / counts.sum()) and 0.25 < m["mlm_unigram_acc"] < 0.35
     p = counts[counts > 0] / counts.sum()
-    assert m["mlm_unigram_loss"] == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert m["mlm_unigram_loss"] == pytest.approx(float(-(p * np.log(p)).sum()))  # no training counts: own entropy
+    train = rng.integers(0, 1000, vocab)  # with the training text's token counts: their loss, add-one smoothed
+    q = (train + 1) / (train + 1).sum()
+    with_counts = learning.masked_metrics("mlm", learning.to_host(tally), train)
+    assert with_counts["mlm_unigram_loss"] == pytest.approx(float(-(counts * np.log(q)).sum() / counts.sum()))
     assert m["mlm_n_at_mask"] == len(at_mask) > 0.7 * n
     # the verdict: 0.4 + 0.6 * 0.3 ~ 0.58 at [MASK] is under twice the 0.3 baseline
     assert learning.masked_check("MLM at [MASK]", "mlm", m).status == learning.ABOVE
@@ -155,6 +159,32 @@ def test_accuracy_at_mask_equals_an_independent_full_sequence_computation(name):
     assert metrics["mlm_acc_at_mask"] == pytest.approx(float(direct), abs=1e-6)
     counts = torch.bincount(original[at_mask])
     assert metrics["mlm_unigram_acc"] == pytest.approx(float(counts.max() / counts.sum()))
+
+
+def test_a_model_of_the_training_frequencies_is_at_the_unigram_loss_not_half_a_nat_above_it():
+    """The loss baseline is what a model that learned token frequencies from the training text scores at
+    the held-out [MASK] positions. The entropy of those few thousand positions' own tokens (the baseline
+    once) is far lower on a large vocabulary, and put every masked LM on real text "above unigram"."""
+    rng = np.random.default_rng(0)
+    vocab = 8000
+    zipf = 1.0 / np.arange(1, vocab + 1)
+    zipf /= zipf.sum()
+    train = np.bincount(rng.choice(vocab, size=2_000_000, p=zipf), minlength=vocab)
+    labels = torch.as_tensor(rng.choice(vocab, size=(80, 100), p=zipf))  # 8,000 held-out [MASK] targets
+    shown = torch.full_like(labels, MASK)
+    log_q = torch.as_tensor(np.log((train + 1) / (train + 1).sum()), dtype=torch.float32)
+
+    def frequencies(h):  # the same distribution at every position: the token frequencies, nothing else
+        return log_q.expand(len(h), vocab)
+
+    tally = learning.to_host(
+        learning.masked_tally("mlm", frequencies, torch.zeros(*labels.shape, 1), labels, shown, MASK, vocab)
+    )
+    m = learning.masked_metrics("mlm", tally, train)
+    assert m["mlm_loss_at_mask"] == pytest.approx(m["mlm_unigram_loss"], abs=1e-4)
+    own_entropy = learning.masked_metrics("mlm", tally)["mlm_unigram_loss"]
+    assert m["mlm_unigram_loss"] - own_entropy > 0.3  # the held-out positions' own entropy: far too low
+    assert learning.masked_check("MLM at [MASK]", "mlm", m).status == learning.AT
 
 
 def test_a_run_logs_what_it_learned_and_warns_while_at_its_baseline(tmp_path, caplog):

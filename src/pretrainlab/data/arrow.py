@@ -77,6 +77,10 @@ class ExampleStore:
         values, _ = self.columns["input_ids"]
         return int(len(values))
 
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """How often each token id occurs in the split's examples: (vocab_size,) int64."""
+        return np.bincount(self.columns["input_ids"][0], minlength=vocab_size)[:vocab_size].astype(np.int64)
+
     @property
     def lengths(self) -> np.ndarray:
         """Every example's number of tokens."""

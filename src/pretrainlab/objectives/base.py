@@ -119,8 +119,13 @@ class Objective(nn.Module):
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
         """The metrics of a summed ``tally`` (its values as numbers and lists, ``learning.to_host``)
-        and each head's verdict beside its trivial baseline (``learning.HeadCheck``)."""
+        and each head's verdict beside its trivial baseline (``learning.HeadCheck``), against the
+        training text's ``token_counts`` where a baseline needs them."""
         return {}, []
+
+    # How often each token occurs in the training examples ((vocab,) counts), for the baselines of
+    # ``learning``; set by whoever builds the data (None: a streamed corpus). Not a weight: never saved.
+    token_counts: np.ndarray | None = None
 
     @classmethod
     def hf_head(cls, state: dict[str, torch.Tensor], arch: str) -> tuple[str, dict[str, torch.Tensor]] | None:

@@ -164,7 +164,7 @@ class ELECTRA(Objective):
         return counts | detection_tally("rtd", logits, replaced, attention)
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
-        gen, rtd = masked_metrics("gen", tally), detection_metrics("rtd", tally)
+        gen, rtd = masked_metrics("gen", tally, self.token_counts), detection_metrics("rtd", tally)
         return gen | rtd, [
             detection_check("replaced-token detection", "rtd", rtd),
             masked_check("generator at [MASK]", "gen", gen),

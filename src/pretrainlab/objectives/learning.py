@@ -7,8 +7,9 @@ objective therefore counts, on held-out batches, what its heads get right (``Obj
 judges each against its trivial baseline (``Objective.learning``):
 
     masked LM (and ELECTRA's generator)   accuracy at [MASK] positions against the most frequent
-                                          token of the same positions (the unigram baseline);
-                                          kept and randomly replaced positions reported apart
+                                          token of the same positions, and loss against the
+                                          training text's token frequencies there (the unigram
+                                          baseline); kept and randomly replaced positions apart
     replaced-token detection (ELECTRA)    recall, precision and AUC of "replaced" against always
                                           answering "original" (recall 0, AUC 0.5)
     sentence-pair heads (NSP, SOP)        accuracy against the majority label of the held-out pairs
@@ -37,6 +38,9 @@ import torch.nn.functional as F
 from pretrainlab.model.heads import IGNORE
 
 KINDS = ("mask", "kept", "random")  # what the model was shown at a selected position
+# 2: the unigram loss is that of the training text's token frequencies (1: the entropy of the held-out
+# positions' own tokens, which is lower by half a nat at a few thousand positions of an 8k vocabulary)
+BASELINE_VERSION = 2
 LOGIT_RANGE, LOGIT_BINS = 16.0, 2048  # the detection histogram: logits clamped to +-16 in 2048 bins
 AT, ABOVE, PAST = "at baseline", "above baseline", "past baseline"
 
@@ -118,10 +122,14 @@ def masked_tally(
     return out
 
 
-def masked_metrics(prefix: str, tally: dict) -> dict[str, float]:
+def masked_metrics(prefix: str, tally: dict, token_counts=None) -> dict[str, float]:
     """Accuracy and loss at [MASK], kept and random positions; the unigram baseline at [MASK]: the
-    accuracy of always answering the most frequent token there, and the loss of the token
-    frequencies there (the best context-free prediction)."""
+    accuracy of always answering the most frequent token there, and the loss there of predicting
+    the training text's token frequencies (``token_counts``, add-one smoothed): what a model that
+    has learned frequencies and nothing else scores. Without ``token_counts`` (a streamed corpus)
+    the loss baseline is the entropy of the held-out tokens themselves, an optimistic one: with a
+    few thousand positions it sits half a nat below what frequencies learned from training text
+    score (docs/learning.md)."""
     out = {}
     for name in KINDS:
         n = tally[f"{prefix}_n_{name}"]
@@ -131,7 +139,13 @@ def masked_metrics(prefix: str, tally: dict) -> dict[str, float]:
     n = float(counts.sum())
     p = counts[counts > 0] / n if n else counts
     out[f"{prefix}_unigram_acc"] = float(p.max()) if n else math.nan
-    out[f"{prefix}_unigram_loss"] = float(-(p * p.log()).sum()) if n else math.nan
+    if token_counts is not None and n:
+        q = torch.as_tensor(token_counts, dtype=torch.float64) + 1.0
+        if len(q) != len(counts):
+            raise ValueError(f"token_counts has {len(q)} tokens, the tally's vocabulary {len(counts)}")
+        out[f"{prefix}_unigram_loss"] = float(-(counts * (q / q.sum()).log()).sum() / n)
+    else:
+        out[f"{prefix}_unigram_loss"] = float(-(p * p.log()).sum()) if n else math.nan
     out[f"{prefix}_n_at_mask"] = tally[f"{prefix}_n_mask"]
     return out
 

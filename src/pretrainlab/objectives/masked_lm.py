@@ -132,7 +132,7 @@ class MaskedLM(Objective):
         return self.mlm_tally(self.encode(encoder, batch), encoder, batch)
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
-        metrics = masked_metrics("mlm", tally)
+        metrics = masked_metrics("mlm", tally, self.token_counts)
         return metrics, [masked_check("MLM at [MASK]", "mlm", metrics)]
 
     @torch.no_grad()

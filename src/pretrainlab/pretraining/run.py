@@ -193,6 +193,8 @@ def _run(
         accumulate=accumulate,
     )
     datamodule.prepare()
+    if datamodule.train_store is not None:  # the masked LMs' unigram baselines (objectives/learning.py)
+        objective.token_counts = datamodule.train_store.token_counts(tokens.vocab_size)
     if datamodule.train_store is not None:
         log.info(
             "examples: %d train (%d tokens), %d val",

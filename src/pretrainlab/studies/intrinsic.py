@@ -68,6 +68,8 @@ def evaluate(
         data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0, val_batch_size=batch_size
     )
     datamodule.val_store = data.examples(builder, "val")
+    if not data.corpus.streaming:
+        objective.token_counts = data.examples(builder, "train").token_counts(tokens.vocab_size)
     sums: dict[str, float] = {}
     tally = None
     count = 0
@@ -98,8 +100,12 @@ def held_out(run: Path) -> dict | None:
         return None
     cached, stamp = run / "intrinsic.json", checkpoint.stat().st_mtime_ns
     row = json.loads(cached.read_text()) if cached.is_file() else {}
-    if row.get("checkpoint_mtime_ns") != stamp or "learning" not in row.get("own", {}):
-        row = {"checkpoint_mtime_ns": stamp, "own": evaluate(run)}
+    if (
+        row.get("checkpoint_mtime_ns") != stamp
+        or "learning" not in row.get("own", {})
+        or row.get("baselines") != learning.BASELINE_VERSION
+    ):
+        row = {"checkpoint_mtime_ns": stamp, "baselines": learning.BASELINE_VERSION, "own": evaluate(run)}
         atomic.write_json(cached, row)
     return row
 
