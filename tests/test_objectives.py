@@ -107,7 +107,7 @@ def test_ngram_lengths_follow_the_one_over_n_law():
         ids, cont = words_row(rng, 400)
         elig = np.array([i not in (CLS, SEP) for i in ids])
         starts, ends = word_spans(elig, np.array(cont))
-        for _, n in ngram_spans(starts, ends, budget=int(0.15 * elig.sum()), max_n=3, generator=g):
+        for _, n in ngram_spans(starts, ends, to_mask=int(0.15 * elig.sum()), max_n=3, generator=g):
             counts[n - 1] += 1
     observed = counts / counts.sum()
     assert counts.sum() > 10_000

@@ -122,7 +122,7 @@ class Budget:
     total: float = 0.0
     expected_per_step: float = 0.0  # a first estimate, for the first step's learning rate
     used: float = field(default=0.0, init=False)
-    last_step: float = field(default=0.0, init=False)  # what the last optimizer step used
+    last_step_used: float = field(default=0.0, init=False)  # how much of the budget the last optimizer step used
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -141,11 +141,11 @@ class Budget:
 
     def start(self, used: float) -> None:
         """Training starts (or resumes) having used ``used``."""
-        self.used, self.last_step = used, 0.0
+        self.used, self.last_step_used = used, 0.0
 
     def record(self, used: float) -> None:
         """An optimizer step ended; the run has used ``used`` in all."""
-        self.last_step, self.used = max(0.0, used - self.used), used
+        self.last_step_used, self.used = max(0.0, used - self.used), used
 
     @property
     def progress(self) -> float:
@@ -166,7 +166,7 @@ class Budget:
             optimizer,
             lambda s: budget_lr_factor(
                 self.progress,
-                (self.last_step or self.expected_per_step) / self.total,
+                (self.last_step_used or self.expected_per_step) / self.total,
                 fraction,
                 steps,
                 s,

@@ -28,8 +28,8 @@ class PackedBlocks(ExampleBuilder):
         self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator | None = None
     ) -> Iterator[Example]:
         documents = as_documents(documents)
-        budget = self.max_len - 2
-        if budget < 1:
+        room = self.max_len - 2
+        if room < 1:
             raise ValueError(f"max_seq_len={self.max_len} leaves no room for tokens between [CLS] and [SEP].")
         sep = np.array([self.sep_id], dtype=np.int32)
         pieces: list[np.ndarray] = []
@@ -41,18 +41,18 @@ class PackedBlocks(ExampleBuilder):
 
         for d, doc in enumerate(documents):
             if d > 0 and used > 0:
-                if used + 1 < budget:
+                if used + 1 < room:
                     pieces.append(sep)  # document boundary inside the block
                     used += 1
                 else:  # no room for boundary + anything: the block boundary is the document boundary
                     yield emit()
                     pieces, used = [], 0
             for sentence in doc:
-                for start in range(0, max(len(sentence), 1), budget):
-                    chunk = np.asarray(sentence[start : start + budget], dtype=np.int32)
+                for start in range(0, max(len(sentence), 1), room):
+                    chunk = np.asarray(sentence[start : start + room], dtype=np.int32)
                     if len(chunk) == 0:
                         continue
-                    if used + len(chunk) > budget:
+                    if used + len(chunk) > room:
                         if pieces and pieces[-1] is sep:  # never end a block on a boundary marker
                             pieces.pop()
                         if pieces:

@@ -39,7 +39,7 @@ class MaskingConfig:
             )
 
 
-def _budget(eligible: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
+def _mask_counts(eligible: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
     """Per-row number of tokens to select: rate * n, stochastically rounded so the mean is exact."""
     n = eligible.sum(dim=1).to(torch.float64)
     u = torch.rand(n.shape, generator=generator, dtype=torch.float64)
@@ -56,7 +56,7 @@ def select_tokens(eligible: torch.Tensor, rate: float, generator: torch.Generato
     scores = torch.rand(eligible.shape, generator=generator)
     scores = scores.masked_fill(~eligible, 2.0)  # ineligible positions sort last
     ranks = scores.argsort(dim=1).argsort(dim=1)
-    return ranks < _budget(eligible, rate, generator)[:, None]
+    return ranks < _mask_counts(eligible, rate, generator)[:, None]
 
 
 def ngram_probs(max_n: int) -> np.ndarray:
@@ -79,17 +79,17 @@ def word_spans(eligible_row: np.ndarray, continuation_row: np.ndarray) -> tuple[
 
 
 def ngram_spans(
-    starts: np.ndarray, ends: np.ndarray, budget: int, max_n: int, generator: torch.Generator
+    starts: np.ndarray, ends: np.ndarray, to_mask: int, max_n: int, generator: torch.Generator
 ) -> list[tuple[int, int]]:
     """ALBERT n-gram spans over the words of one row, as (first word, number of words).
 
     Each span's length n is drawn with p(n) proportional to 1/n and placed at the next free start
     in a random order of words; a start where n words would overlap an earlier span, run past the
     row or join words that are not adjacent is passed over for this n. Where n words would exceed
-    the budget (tokens still to predict), the next shorter n is used. Stops at the budget.
+    ``to_mask`` (the tokens still to mask), the next shorter n is used. Stops when ``to_mask`` are covered.
     """
     n_words = len(starts)
-    if n_words == 0 or budget <= 0:
+    if n_words == 0 or to_mask <= 0:
         return []
     probs = torch.as_tensor(ngram_probs(max_n), dtype=torch.float64)
     order = torch.randperm(n_words, generator=generator).tolist()
@@ -98,7 +98,7 @@ def ngram_spans(
     taken = np.zeros(n_words, dtype=bool)
     spans, covered, d = [], 0, 0
     for w in order:
-        if covered >= budget or d >= len(draws):
+        if covered >= to_mask or d >= len(draws):
             break
         if taken[w]:
             continue
@@ -109,8 +109,8 @@ def ngram_spans(
             run += 1
         if run < n:
             continue  # this start cannot host n words; keep n for the next start
-        while n > 0 and covered + int(ends[w + n - 1] - starts[w]) > budget:
-            n -= 1  # the budget forces a shorter n-gram
+        while n > 0 and covered + int(ends[w + n - 1] - starts[w]) > to_mask:
+            n -= 1  # too few left to mask: a shorter n-gram
         d += 1
         if n == 0:
             continue
@@ -131,13 +131,13 @@ def select_ngrams(
 
     ``continuation`` marks pieces inside a word (WordPiece ``##``): a span never splits a word.
     """
-    budgets = _budget(eligible, rate, generator).tolist()
+    counts_to_mask = _mask_counts(eligible, rate, generator).tolist()
     elig = eligible.cpu().numpy()
     cont = continuation.cpu().numpy()
     out = np.zeros_like(elig)
-    for row, budget in enumerate(budgets):
+    for row, to_mask in enumerate(counts_to_mask):
         starts, ends = word_spans(elig[row], cont[row])
-        for w, n in ngram_spans(starts, ends, budget, max_n, generator):
+        for w, n in ngram_spans(starts, ends, to_mask, max_n, generator):
             out[row, starts[w] : ends[w + n - 1]] = True
     return torch.from_numpy(out)
 

@@ -88,7 +88,7 @@ class PretrainModule(L.LightningModule):
         self._compiled: Callable[[dict[str, torch.Tensor]], ObjectiveOutput] | None = (
             None  # made in setup(), in the process that trains (a compiled function does not pickle)
         )
-        self._warmup_start: float | None = None
+        self._compile_warmup_start: float | None = None
         self._start_step = 0
         self._tally: learning.Tally | None = None
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
@@ -214,8 +214,8 @@ class PretrainModule(L.LightningModule):
             torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
         # training metrics are logged at the trainer's interval only (Lightning writes them then)
         self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
-        if self._compiled is not None and self._warmup_start is None:
-            self._warmup_start = time.perf_counter()
+        if self._compiled is not None and self._compile_warmup_start is None:
+            self._compile_warmup_start = time.perf_counter()
 
     # --- non-finite losses (runtime.nonfinite) -------------------------------------------------
     def _finite(self, loss: torch.Tensor) -> bool:
@@ -246,11 +246,11 @@ class PretrainModule(L.LightningModule):
         self.budget.start(self.budget_used())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self._warmup_start and self.trainer.global_step == 1 + self._start_step:  # the first step, compiled
-            warmup = time.perf_counter() - self._warmup_start
+        if self._compile_warmup_start and self.trainer.global_step == 1 + self._start_step:  # the first step, compiled
+            warmup = time.perf_counter() - self._compile_warmup_start
             log.info("the compiled training step took %.1fs to warm up (compilation included)", warmup)
             self.log("perf/compile_warmup_s", warmup, batch_size=1)
-            self._warmup_start = 0.0  # reported
+            self._compile_warmup_start = 0.0  # reported
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
             return  # inside a gradient accumulation
         self.nonfinite.advance()
