@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 
 class ConfigError(ValueError):
@@ -14,11 +14,7 @@ class ConfigError(ValueError):
 
 
 def plain(node: Any) -> dict[str, Any]:
-    """A composed mapping as a plain, resolved ``dict`` (a plain ``dict`` is returned as a copy)."""
-    if isinstance(node, dict):
-        return dict(node)
-    if not isinstance(node, DictConfig):
-        raise TypeError(f"expected a mapping of settings, got {type(node).__name__}")
+    """A composed mapping as a plain, resolved ``dict``."""
     return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 

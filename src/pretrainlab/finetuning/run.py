@@ -293,7 +293,8 @@ def _run(
     try:
         fit(trainer, stopper, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
         if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
-            script.exit_code = stopper.exit_code
+            script.exit_code = stopper.exit_code  # stopping is always for a signal: signum is set
+            assert stopper.signum is not None
             log.warning(
                 "%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
                 "with:\n  %s",

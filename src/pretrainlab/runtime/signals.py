@@ -162,8 +162,8 @@ def fit(trainer: L.Trainer, stopper: SaveOnSignal, *args: Any, **kwargs: Any) ->
             raise
 
 
-def signal_name(signum: int | None) -> str:
-    return "no signal" if signum is None else signal.Signals(signum).name
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 @contextmanager

@@ -68,7 +68,7 @@ def evaluate(
         data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0, val_batch_size=batch_size
     )
     datamodule.val_store = data.examples(builder, "val")
-    if not data.corpus.streaming:
+    if pair_task is None and not data.corpus.streaming:  # the learning checks' unigram baselines
         objective.token_counts = data.examples(builder, "train").token_counts(tokens.vocab_size)
     sums: dict[str, float] = {}
     tally = None
