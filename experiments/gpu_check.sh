@@ -8,6 +8,9 @@
 # 2. train.py at the bench's shape (model=base, roberta, batch 256): the median perf/tokens_per_s,
 #    eager and compiled, to set against the bench's tokens/s for base roberta
 # 3. the CUDA tests (tests/test_cuda.py)
+# 4. the whole test suite on this machine (in parallel where pytest-xdist is installed), each failure's
+#    traceback written to failures.txt as it happens
+# 5. the kernel profile of the base and mini steps (experiments/profile_step.py), eager and compiled
 # Each step writes its output to <out_dir>/<step>.txt; a failing step does not stop the others.
 set -u
 cd "$(dirname "$0")/.."
@@ -48,4 +51,16 @@ PY
 done
 
 "$PY" -m pytest -q tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt"
-echo "results in $OUT: compare train.txt with the base roberta row of bench_eager.txt / bench_compiled.txt"
+
+parallel=$("$PY" -c "import xdist" 2>/dev/null && echo "-n $(( $(nproc) < 16 ? $(nproc) : 16 ))")
+PRETRAINLAB_TEST_FAILURES="$PWD/$OUT/failures.txt" "$PY" -m pytest -q -rfE $parallel -p no:cacheprovider tests \
+  > "$OUT/suite.txt" 2>&1
+tail -3 "$OUT/suite.txt"
+
+for model in base mini; do
+  for compile in "" --compile; do
+    "$PY" experiments/profile_step.py --model $model --objective roberta $compile 2>&1 | grep -v USDT
+  done
+done | tee "$OUT/profile.txt"
+echo "results in $OUT: compare train.txt with the base roberta row of bench_eager.txt / bench_compiled.txt;"
+echo "the suite's failures, if any, with their tracebacks: $OUT/failures.txt"

@@ -21,6 +21,16 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_runtest_logreport(report):
+    """With PRETRAINLAB_TEST_FAILURES=<file>, every failure's traceback is appended to that file as it
+    happens (from the process that ran the test, with or without pytest-xdist), so that a suite cut
+    off by a time limit still says why its failures failed."""
+    path = os.environ.get("PRETRAINLAB_TEST_FAILURES")
+    if path and report.failed and not getattr(report, "node", None):  # node: a report relayed to xdist's controller
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f}s)\n{report.longreprtext}\n\n")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own pretrainlab cache, so no test reads another's results."""
