@@ -66,24 +66,25 @@ def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_p
         rows = [r for r in metrics(run_dir) if r.get("perf/data_wait_s")]
         return [float(r["perf/data_wait_s"]) for r in rows], [float(r["perf/data_wait_frac"]) for r in rows]
 
-    def slowly(original):
+    def slowly(original, seconds):
         def slow(*args, **kwargs):
-            time.sleep(0.3)
+            time.sleep(seconds)
             return original(*args, **kwargs)
 
         return slow
 
     overrides = [*SMALL, "max_steps=6", "val_every=2", "trainer.log_every_n_steps=1", "export=false"]
     with monkeypatch.context() as m:
-        m.setattr(PretrainModule, "validation_step", slowly(PretrainModule.validation_step))
+        m.setattr(PretrainModule, "validation_step", slowly(PretrainModule.validation_step, 0.3))
         run(compose_train(*overrides), tmp_path / "slow-validation")
     fast, _ = waits(tmp_path / "slow-validation")
     assert len(fast) == 6 and max(fast) < 0.3 and np.median(fast) < 0.1  # validation is not waiting for data
 
-    monkeypatch.setattr(MaskedBatches, "__getitem__", slowly(MaskedBatches.__getitem__))
+    # a wait long enough to be most of a step even on a busy machine (this tiny step takes ~0.1-0.3 s)
+    monkeypatch.setattr(MaskedBatches, "__getitem__", slowly(MaskedBatches.__getitem__, 1.0))
     run(compose_train(*overrides), tmp_path / "slow-data")
     slow, fractions = waits(tmp_path / "slow-data")
-    assert len(slow) == 6 and min(slow) >= 0.3  # every step waited for its batch
+    assert len(slow) == 6 and min(slow) >= 1.0  # every step waited for its batch
     assert np.median(fractions) > 0.5
 
 
