@@ -53,13 +53,15 @@ class PretrainModule(L.LightningModule):
         objective: Objective,
         optim: OptimConfig,
         budget: Budget,
-        seq_len: int,
+        flops_per_token: float,
         seed: int = 0,
         on_nonfinite: str = "stop",
         run_info: dict | None = None,
         compile: dict | None = None,
     ):
         """``budget``: how long to train (``Budget("steps", max_steps)`` for a plain run);
+        ``flops_per_token``: the objective's training FLOPs per token at the run's sequence length
+        (``Objective.flops_per_token``), computed once by the caller, which sizes the budget with it;
         ``run_info``: what checkpoints record of the run (objective and model settings), so that a
         resumed run can be checked against it (``pretrainlab.runtime.checkpoints``); ``compile``:
         ``torch.compile`` options for the objective's forward and loss (None: eager)."""
@@ -74,7 +76,7 @@ class PretrainModule(L.LightningModule):
             self.encoder.pooler.requires_grad_(False)  # no gradient reaches it; DDP needs every trained one to
         self.objective = objective
         self.optim = optim
-        self.flops_per_token = float(objective.flops_per_token(encoder_config, seq_len))
+        self.flops_per_token = float(flops_per_token)
         # counters saved in checkpoints, so a resumed run keeps counting where it stopped; the host
         # keeps their values (tokens_seen, train_seconds below) and writes them into the buffers
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))

@@ -166,13 +166,13 @@ def _run(
         check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
     script.start()
 
-    data, tokens = build_data(cfg)
+    data, special = build_data(cfg)
     tokenizer = data.tokenizer
-    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    encoder_config = build_encoder_config(cfg, special.vocab_size)
     info = run_info(objective_cfg, encoder_config.to_dict())
     if resume_from is not None:
         check_resumable(resume_from, info)
-    objective = build_objective(cfg, encoder_config, tokens)
+    objective = build_objective(cfg, encoder_config, special)
 
     world = world_size(cfg)
     device_batch, accumulate = batch_split(cfg.batch_size, world, cfg.get("device_batch_size"))
@@ -194,7 +194,7 @@ def _run(
     )
     datamodule.prepare()
     if datamodule.train_store is not None:  # the masked LMs' unigram baselines (objectives/learning.py)
-        objective.token_counts = datamodule.train_store.token_counts(tokens.vocab_size)
+        objective.token_counts = datamodule.train_store.token_counts(special.vocab_size)
     if datamodule.train_store is not None:
         log.info(
             "examples: %d train (%d tokens), %d val",
@@ -203,7 +203,8 @@ def _run(
             len(datamodule.val_store or ()),
         )
 
-    budget = build_budget(cfg, datamodule, objective.flops_per_token(encoder_config, cfg.max_seq_len))
+    flops_per_token = float(objective.flops_per_token(encoder_config, cfg.max_seq_len))
+    budget = build_budget(cfg, datamodule, flops_per_token)
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
     if budget.kind != "steps":
@@ -218,7 +219,7 @@ def _run(
         objective,
         instantiate(cfg.optim),
         budget,
-        cfg.max_seq_len,
+        flops_per_token,
         seed=cfg.seed,
         on_nonfinite=cfg.get("on_nonfinite", "stop"),
         run_info=info,
@@ -266,7 +267,7 @@ def _run(
 
     def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
         export_encoder(
-            pl_module.encoder, tokenizer, tokens, out, pretraining=provenance(fraction), objective=pl_module.objective
+            pl_module.encoder, tokenizer, special, out, pretraining=provenance(fraction), objective=pl_module.objective
         )
 
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, snapshot)
@@ -312,7 +313,7 @@ def _run(
             out = export_encoder(
                 module.encoder,
                 tokenizer,
-                tokens,
+                special,
                 run_dir / "encoder",
                 pretraining=provenance(1.0),
                 objective=module.objective,
