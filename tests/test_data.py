@@ -331,3 +331,31 @@ def test_parallel_sentence_splitting_leaves_the_tokenizers_parallel(tmp_path, mo
         assert len(out) == 8 and "TOKENIZERS_PARALLELISM" not in os.environ, attempt
         seen = subprocess.run(["sh", "-c", "echo ${TOKENIZERS_PARALLELISM-unset}"], capture_output=True, text=True)
         assert seen.stdout.strip() == "unset", attempt  # a child inherits the C environment
+
+
+def test_a_file_is_hashed_once_per_version_of_it(tmp_path, monkeypatch):
+    """A suite checks its encoder's weights before and after every task and seed: read once while
+    the file is unchanged, again once it is replaced or modified in place."""
+    import hashlib
+
+    from pretrainlab.data import hashing
+
+    reads = []
+    real = hashlib.sha256
+    monkeypatch.setattr(hashing.hashlib, "sha256", lambda *a: reads.append(1) or real(*a))
+    path = tmp_path / "encoder.safetensors"
+    path.write_bytes(b"a" * 1000)
+    first = hashing.file_digest(path)
+    assert first == real(b"a" * 1000).hexdigest()
+    assert [hashing.file_digest(path) for _ in range(5)] == [first] * 5 and len(reads) == 1
+
+    fresh = tmp_path / "new"
+    fresh.write_bytes(b"b" * 1000)
+    os.replace(fresh, path)  # written again atomically: a new inode
+    assert hashing.file_digest(path) == real(b"b" * 1000).hexdigest() and len(reads) == 2
+
+    before = path.stat().st_mtime_ns
+    with open(path, "r+b") as f:  # modified in place, same size
+        f.write(b"c")
+    os.utime(path, ns=(before + 1, before + 1))  # even on a file system with coarse timestamps
+    assert hashing.file_digest(path) == real(b"c" + b"b" * 999).hexdigest() and len(reads) == 3
