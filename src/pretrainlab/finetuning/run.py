@@ -43,7 +43,7 @@ from pretrainlab.glue.data import (
 )
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
-from pretrainlab.runtime.devices import check_precision, compile_options, world_size
+from pretrainlab.runtime.devices import DevicePlan, check_precision
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
 from pretrainlab.runtime.settings import check_finetuning
@@ -85,13 +85,11 @@ def run(
     task = evaluations.get(cfg.task.name)
     check_finetuning(cfg)
     check_precision(cfg)
-    world = world_size(cfg)
-    if task.fine_tuned and cfg.task.batch_size % world:
-        raise ConfigError(f"task.batch_size={cfg.task.batch_size} is not divisible by the {world} devices.")
+    plan = DevicePlan.of(cfg, cfg.task.batch_size, setting="task.batch_size") if task.fine_tuned else None
     optim = instantiate(cfg.optim) if task.fine_tuned else None
     claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
     try:
-        return _run(cfg, script, task, optim, results_path, resume_hint or rerun_command())
+        return _run(cfg, script, task, optim, plan, results_path, resume_hint or rerun_command())
     finally:
         release(run_dir)
 
@@ -108,7 +106,7 @@ class Job:
     fields: dict = field(default_factory=dict)  # what its results add: examples, the no-skill level, the data
 
 
-def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -> Job:
+def _glue_job(cfg: DictConfig, model: Pretrained, optim, plan: DevicePlan) -> Job:
     spec = get_task(cfg.task.name)
     t0 = time.time()
     glue = cfg.glue
@@ -132,10 +130,10 @@ def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) 
         time.time() - t0,
     )
 
-    per_device = cfg.task.batch_size // world_size(cfg)
+    per_device = plan.micro_batch
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
-    multiple = 8 if compile_ else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
+    multiple = 8 if plan.compile else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
     collate_fn = functools.partial(collate, pad_id=pad, multiple=multiple)
     order = (
         dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
@@ -160,7 +158,7 @@ def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) 
         steps_per_epoch * cfg.task.epochs,
         cfg.task.classifier_dropout,
         eval_names,
-        compile=compile_,
+        compile=plan.compile,
     )
     return Job(
         module,
@@ -180,7 +178,7 @@ def _glue_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) 
     )
 
 
-def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -> Job:
+def _ner_job(cfg: DictConfig, model: Pretrained, optim, plan: DevicePlan) -> Job:
     from pretrainlab.evaluation import ner
     from pretrainlab.evaluation.tagging import TokenTagger, WordsDataset, collate_words, encode_words, label_set
 
@@ -204,11 +202,10 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
         len(labels),
         time.time() - t0,
     )
-    world = world_size(cfg)
-    per_device = cfg.task.batch_size // world
+    per_device = plan.micro_batch
     pad = model.tokens.pad_id
     gen = torch.Generator().manual_seed(cfg.seed)
-    multiple = 8 if compile_ else 1
+    multiple = 8 if plan.compile else 1
     train_loader = torch.utils.data.DataLoader(
         WordsDataset(train),
         batch_size=per_device,
@@ -219,7 +216,7 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
         collate_fn=functools.partial(collate_words, pad_id=pad, multiple=multiple),
     )
     # under DDP every rank's predictions are gathered: one width for all
-    width = cfg.task.max_seq_len if world > 1 else None
+    width = cfg.task.max_seq_len if plan.world > 1 else None
     eval_loader_ = torch.utils.data.DataLoader(
         WordsDataset(dev),
         batch_size=per_device * 2,
@@ -237,7 +234,7 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
         dev,
         gold,
         cfg.task.classifier_dropout,
-        compile=compile_,
+        compile=plan.compile,
     )
     return Job(
         module,
@@ -255,7 +252,13 @@ def _ner_job(cfg: DictConfig, model: Pretrained, optim, compile_: dict | None) -
 
 
 def _run(
-    cfg: DictConfig, script: RunScript, task: evaluations.Evaluation, optim, results_path: Path, resume_hint: str
+    cfg: DictConfig,
+    script: RunScript,
+    task: evaluations.Evaluation,
+    optim,
+    plan: DevicePlan | None,
+    results_path: Path,
+    resume_hint: str,
 ) -> dict[str, Any]:
     run_dir = script.dir
     script.start()
@@ -270,8 +273,8 @@ def _run(
     if not task.fine_tuned:
         return _run_frozen(cfg, script, task, model, results_path, resume_hint, t0)
 
-    compile_ = compile_options(cfg)
-    job = (_glue_job if task.kind == "glue" else _ner_job)(cfg, model, optim, compile_)
+    assert plan is not None  # a fine-tuned task has one
+    job = (_glue_job if task.kind == "glue" else _ner_job)(cfg, model, optim, plan)
     module = job.module
     total_steps = job.steps_per_epoch * cfg.task.epochs
     script.save_config()

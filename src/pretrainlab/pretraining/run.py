@@ -34,14 +34,7 @@ from pretrainlab.pretraining.timing import StepTimer
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
-from pretrainlab.runtime.devices import (
-    batch_split,
-    check_precision,
-    compile_options,
-    refuse_multirun_ddp,
-    static_shapes,
-    world_size,
-)
+from pretrainlab.runtime.devices import DevicePlan, check_precision, refuse_multirun_ddp
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_pretraining
@@ -51,10 +44,11 @@ from pretrainlab.tokens import SpecialTokens, special_tokens
 log = logging.getLogger("pretrainlab")
 
 
-def validate(cfg: DictConfig) -> EncoderConfig:
+def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
     """Refuse settings that cannot work, before anything expensive happens. Builds the model and
     the objective once on the meta device (no memory), so that every one of their settings is
-    checked by their own constructors; returns the encoder config (its vocabulary size provisional)."""
+    checked by their own constructors; returns the encoder config (its vocabulary size provisional)
+    and the device plan (devices, batch split, compile settings), decided here once for the run."""
     check_pretraining(cfg)
     try:
         check_fractions(cfg.get("snapshots"))
@@ -68,7 +62,7 @@ def validate(cfg: DictConfig) -> EncoderConfig:
             f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
             f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
         )
-    batch_split(cfg.batch_size, world_size(cfg), cfg.get("device_batch_size"))
+    plan = DevicePlan.of(cfg, cfg.batch_size, cfg.get("device_batch_size"))
     instantiate(cfg.optim)
     encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
     placeholder = SpecialTokens(
@@ -76,7 +70,7 @@ def validate(cfg: DictConfig) -> EncoderConfig:
     )
     with torch.device("meta"):
         build_objective(cfg, encoder_config, placeholder)
-    return encoder_config
+    return encoder_config, plan
 
 
 def resume_command(run_dir: Path) -> str:
@@ -148,17 +142,22 @@ def run(
     after a signal stops it (a study's own command); by default the ``train.py`` command."""
     script = RunScript.of(cfg, run_dir, choices)
     run_dir = script.dir
-    provisional = validate(cfg)
+    provisional, plan = validate(cfg)
     resume_from = checkpoint_to_resume(cfg.ckpt_path, run_dir)
     claim(run_dir, resume_from, overwrite=bool(cfg.get("overwrite", False)))
     try:
-        return _run(cfg, script, provisional, resume_from, resume_hint or resume_command(run_dir))
+        return _run(cfg, script, provisional, plan, resume_from, resume_hint or resume_command(run_dir))
     finally:
         release(run_dir)
 
 
 def _run(
-    cfg: DictConfig, script: RunScript, provisional: EncoderConfig, resume_from: Path | None, resume_hint: str
+    cfg: DictConfig,
+    script: RunScript,
+    provisional: EncoderConfig,
+    plan: DevicePlan,
+    resume_from: Path | None,
+    resume_hint: str,
 ) -> dict[str, Any]:
     run_dir = script.dir
     objective_cfg = plain(cfg.objective)
@@ -174,23 +173,15 @@ def _run(
         check_resumable(resume_from, info)
     objective = build_objective(cfg, encoder_config, special)
 
-    world = world_size(cfg)
-    device_batch, accumulate = batch_split(cfg.batch_size, world, cfg.get("device_batch_size"))
-    log.info(
-        "global batch %d = %d device(s) x %d micro-batch x %d accumulation",
-        cfg.batch_size,
-        world,
-        device_batch,
-        accumulate,
-    )
+    log.info("%s", plan.describe(cfg.batch_size))
     datamodule = PretrainDataModule(
         data,
         objective.example_builder(cfg.max_seq_len),
-        objective.collator(cfg.max_seq_len if static_shapes(cfg) else None),
-        device_batch,
+        objective.collator(cfg.max_seq_len if plan.static_shapes else None),
+        plan.micro_batch,
         cfg.seed,
         num_workers=cfg.num_workers,
-        accumulate=accumulate,
+        accumulate=plan.accumulate,
     )
     datamodule.prepare()
     if datamodule.train_store is not None:  # the masked LMs' unigram baselines (objectives/learning.py)
@@ -223,7 +214,7 @@ def _run(
         seed=cfg.seed,
         on_nonfinite=cfg.get("on_nonfinite", "stop"),
         run_info=info,
-        compile=compile_options(cfg),
+        compile=plan.compile,
     )
     log.info(
         "encoder: %s parameters; objective %s adds %s",
@@ -284,7 +275,7 @@ def _run(
         check_val_every_n_epoch=None,
         gradient_clip_val=module.optim.grad_clip,
         use_distributed_sampler=False,
-        accumulate_grad_batches=accumulate,
+        accumulate_grad_batches=plan.accumulate,
     )
     try:
         fit(

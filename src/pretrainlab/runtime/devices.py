@@ -3,6 +3,8 @@ the device settings that cannot work."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,6 +56,40 @@ def static_shapes(cfg: DictConfig) -> bool:
     return bool(static)
 
 
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where and how a run trains, decided once from its config (``DevicePlan.of``, where the
+    config is checked) and handed to everything that needs it: the number of processes, whether they
+    are CUDA GPUs, how the global batch splits over them, and the compile settings.
+
+    ``micro_batch`` x ``accumulate`` x ``world`` = the global batch, exactly."""
+
+    world: int
+    cuda: bool
+    micro_batch: int
+    accumulate: int
+    compile: dict | None  # torch.compile options, None: eager
+    static_shapes: bool  # every batch max_seq_len wide with a fixed number of masked slots
+
+    @classmethod
+    def of(
+        cls, cfg: DictConfig, batch_size: int, device_batch_size: int | None = None, setting: str = "batch_size"
+    ) -> DevicePlan:
+        """The plan for ``cfg.trainer`` and ``cfg.compile``/``compile_mode``/``static_shapes``, with a
+        global batch of ``batch_size`` (ConfigError naming ``setting`` where it does not split over
+        the devices)."""
+        world = world_size(cfg)
+        micro, accumulate = batch_split(batch_size, world, device_batch_size, setting)
+        return cls(world, uses_cuda(cfg), micro, accumulate, compile_options(cfg), static_shapes(cfg))
+
+    def describe(self, batch_size: int) -> str:
+        return (
+            f"global batch {batch_size} = {self.world} device(s) x {self.micro_batch} micro-batch x "
+            f"{self.accumulate} accumulation"
+            + (f"; compiled ({self.compile['mode'] or 'default'})" if self.compile else "")
+        )
+
+
 def set_matmul_precision(tf32: bool) -> None:
     """TF32 for float32 matmuls and convolutions on CUDA GPUs that have it (on: ~8x the float32
     throughput of an A100/H100 at 10 bits of mantissa; results move by numerical noise only)."""
@@ -62,12 +98,15 @@ def set_matmul_precision(tf32: bool) -> None:
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> tuple[int, int]:
+def batch_split(
+    batch_size: int, world: int, device_batch_size: int | None, setting: str = "batch_size"
+) -> tuple[int, int]:
     """(micro-batch per device, gradient accumulation) for a global ``batch_size`` on ``world``
-    devices: batch_size = world x micro-batch x accumulation, exactly."""
+    devices: batch_size = world x micro-batch x accumulation, exactly. ``setting``: the batch size's
+    name in the config, for the error."""
     if batch_size % world:
         raise ConfigError(
-            f"batch_size={batch_size} is not divisible by the {world} devices; the global batch "
+            f"{setting}={batch_size} is not divisible by the {world} devices; the global batch "
             f"must split evenly across devices."
         )
     per_device = batch_size // world
@@ -75,7 +114,7 @@ def batch_split(batch_size: int, world: int, device_batch_size: int | None) -> t
     if micro > per_device or per_device % micro:
         raise ConfigError(
             f"device_batch_size={device_batch_size} does not divide the per-device batch {per_device} "
-            f"(batch_size={batch_size} / {world} devices); choose a divisor of {per_device}."
+            f"({setting}={batch_size} / {world} devices); choose a divisor of {per_device}."
         )
     return micro, per_device // micro
 
@@ -123,6 +162,7 @@ def inference_autocast(cfg: DictConfig, device: torch.device):
 
 
 __all__ = [
+    "DevicePlan",
     "inference_autocast",
     "inference_device",
     "batch_split",
