@@ -18,7 +18,7 @@ from pretrainlab.config import ConfigError
 from pretrainlab.data.batches import EpochBatches
 from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.devices import batch_split
-from tests.conftest import ROOT, SMALL, compose_train
+from tests.conftest import ROOT, SMALL, compose_config, compose_train
 
 # short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
 RESUME = [
@@ -60,6 +60,23 @@ def test_batch_split_derives_micro_batch_and_accumulation():
         batch_split(32, 3, None)
     with pytest.raises(ConfigError, match="choose a divisor of 16"):
         batch_split(32, 2, 6)
+
+
+def test_the_device_plan_is_decided_from_the_config_once():
+    from pretrainlab.runtime.devices import DevicePlan
+
+    plan = DevicePlan.of(compose_train("trainer=cpu", "trainer.devices=2", "compile=false"), 64, 16)
+    assert (plan.world, plan.cuda, plan.micro_batch, plan.accumulate) == (2, False, 16, 2)
+    assert plan.compile is None and not plan.static_shapes
+    assert "64 = 2 device(s) x 16 micro-batch x 2 accumulation" in plan.describe(64)
+    compiled = DevicePlan.of(compose_train("trainer=cpu", "compile=true", "compile_mode=reduce-overhead"), 32)
+    assert compiled.compile == {"mode": "reduce-overhead", "dynamic": False} and compiled.static_shapes
+    with pytest.raises(ConfigError, match=r"task.batch_size=32 is not divisible by the 3 devices"):
+        DevicePlan.of(
+            compose_config("finetune", "pretrained=x", "trainer=cpu", "trainer.devices=3"),
+            32,
+            setting="task.batch_size",
+        )
 
 
 @pytest.mark.parametrize("world, accumulate", [(2, 1), (1, 2), (2, 2), (4, 1)])
