@@ -20,7 +20,7 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then  # never write over an earlier mea
   echo "$OUT already holds files (an earlier measurement?): give another out_dir, or move it away." >&2
   exit 1
 fi
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 export WANDB_MODE=${WANDB_MODE:-offline}
 
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU: these measurements need one'" || exit 1
@@ -53,7 +53,7 @@ done
 "$PY" -m pytest -q tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt"
 
 parallel=$("$PY" -c "import xdist" 2>/dev/null && echo "-n $(( $(nproc) < 16 ? $(nproc) : 16 ))")
-PRETRAINLAB_TEST_FAILURES="$PWD/$OUT/failures.txt" "$PY" -m pytest -q -rfE $parallel -p no:cacheprovider tests \
+PRETRAINLAB_TEST_FAILURES="$OUT/failures.txt" "$PY" -m pytest -q -rfE $parallel -p no:cacheprovider tests \
   > "$OUT/suite.txt" 2>&1
 tail -3 "$OUT/suite.txt"
 
