@@ -86,7 +86,7 @@ class DevicePlan:
         return (
             f"global batch {batch_size} = {self.world} device(s) x {self.micro_batch} micro-batch x "
             f"{self.accumulate} accumulation"
-            + (f"; compiled ({self.compile['mode'] or 'default'})" if self.compile else "")
+            + (f"; compiled ({self.compile.get('mode') or 'default'})" if self.compile else "")
         )
 
 
