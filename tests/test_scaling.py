@@ -66,9 +66,9 @@ def test_the_device_plan_is_decided_from_the_config_once():
     from pretrainlab.runtime.devices import DevicePlan
 
     plan = DevicePlan.of(compose_train("trainer=cpu", "trainer.devices=2", "compile=false"), 64, 16)
-    assert (plan.world, plan.cuda, plan.micro_batch, plan.accumulate) == (2, False, 16, 2)
+    assert (plan.world, plan.micro_batch, plan.accumulate) == (2, 16, 2)
     assert plan.compile is None and not plan.static_shapes
-    assert "64 = 2 device(s) x 16 micro-batch x 2 accumulation" in plan.describe(64)
+    assert "64 = 2 device(s) x 16 micro-batch x 2 accumulation" in plan.describe()
     compiled = DevicePlan.of(compose_train("trainer=cpu", "compile=true", "compile_mode=reduce-overhead"), 32)
     assert compiled.compile == {"mode": "reduce-overhead", "dynamic": False} and compiled.static_shapes
     with pytest.raises(ConfigError, match=r"task.batch_size=32 is not divisible by the 3 devices"):

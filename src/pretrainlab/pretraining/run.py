@@ -173,7 +173,7 @@ def _run(
         check_resumable(resume_from, info)
     objective = build_objective(cfg, encoder_config, special)
 
-    log.info("%s", plan.describe(cfg.batch_size))
+    log.info("%s", plan.describe())
     datamodule = PretrainDataModule(
         data,
         objective.example_builder(cfg.max_seq_len),
@@ -184,9 +184,9 @@ def _run(
         accumulate=plan.accumulate,
     )
     datamodule.prepare()
-    if datamodule.train_store is not None:  # the masked LMs' unigram baselines (objectives/learning.py)
-        objective.token_counts = datamodule.train_store.token_counts(special.vocab_size)
     if datamodule.train_store is not None:
+        # the masked LMs' unigram baselines (objectives/learning.py)
+        objective.token_counts = datamodule.train_store.token_counts(special.vocab_size)
         log.info(
             "examples: %d train (%d tokens), %d val",
             len(datamodule.train_store),

@@ -59,13 +59,12 @@ def static_shapes(cfg: DictConfig) -> bool:
 @dataclass(frozen=True)
 class DevicePlan:
     """Where and how a run trains, decided once from its config (``DevicePlan.of``, where the
-    config is checked) and handed to everything that needs it: the number of processes, whether they
-    are CUDA GPUs, how the global batch splits over them, and the compile settings.
+    config is checked) and handed to everything that needs it: the number of processes, how the
+    global batch splits over them, and the compile settings.
 
     ``micro_batch`` x ``accumulate`` x ``world`` = the global batch, exactly."""
 
     world: int
-    cuda: bool
     micro_batch: int
     accumulate: int
     compile: dict | None  # torch.compile options, None: eager
@@ -80,11 +79,11 @@ class DevicePlan:
         the devices)."""
         world = world_size(cfg)
         micro, accumulate = batch_split(batch_size, world, device_batch_size, setting)
-        return cls(world, uses_cuda(cfg), micro, accumulate, compile_options(cfg), static_shapes(cfg))
+        return cls(world, micro, accumulate, compile_options(cfg), static_shapes(cfg))
 
-    def describe(self, batch_size: int) -> str:
+    def describe(self) -> str:
         return (
-            f"global batch {batch_size} = {self.world} device(s) x {self.micro_batch} micro-batch x "
+            f"global batch {self.world * self.micro_batch * self.accumulate} = {self.world} device(s) x {self.micro_batch} micro-batch x "
             f"{self.accumulate} accumulation"
             + (f"; compiled ({self.compile.get('mode') or 'default'})" if self.compile else "")
         )
