@@ -182,3 +182,15 @@ def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     )
     monkeypatch.undo()
     assert not torch.allclose(enc.train()(ids, attention_mask=mask).hidden_states, reference, atol=1e-3)
+
+
+def test_the_cpu_fast_paths_are_chosen_in_eager_mode_on_a_cpu_only():
+    """One predicate picks the CPU paths: true for an eager CPU tensor, false while torch.compile
+    traces (the compiled graph must hold the fused path) and for a tensor on another device."""
+    from pretrainlab.model.fastpath import eager_cpu
+
+    x = torch.zeros(3)
+    assert eager_cpu(x)
+    traced = torch.compile(lambda t: t + (1.0 if eager_cpu(t) else 2.0), backend="eager", fullgraph=True)
+    assert torch.equal(traced(x), torch.full((3,), 2.0))
+    assert not eager_cpu(torch.zeros(3, device="meta"))

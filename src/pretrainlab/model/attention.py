@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pretrainlab.model.dropout import dropout
+from pretrainlab.model.fastpath import eager_cpu
 
 
 def attention(
@@ -25,7 +26,7 @@ def attention(
     SDPA on CPU takes its math path when dropping out, with a Bernoulli draw per attention weight;
     there the same math runs with the cheap CPU dropout, on contiguous (batch x heads) blocks (not
     under torch.compile, whose own kernels do the dropout)."""
-    if dropout_p == 0.0 or q.device.type != "cpu" or torch.compiler.is_compiling():
+    if dropout_p == 0.0 or not eager_cpu(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     b, nh, tq, d = q.shape
     t = k.shape[2]

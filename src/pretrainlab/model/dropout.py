@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrainlab.model.fastpath import eager_cpu
+
 _LEVELS = 1 << 16
 _MASK64 = (1 << 64) - 1
 
@@ -74,7 +76,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     _check(p)
-    if x.device.type != "cpu" or torch.compiler.is_compiling():  # fused kernels (compiled ones, too)
+    if not eager_cpu(x):  # fused kernels (compiled ones, too)
         return F.dropout(x, p, True)
     return _MaskedScale.apply(x, *_keep_mask(x.shape, p, x.dtype))
 

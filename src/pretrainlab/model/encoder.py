@@ -26,6 +26,7 @@ from torch import nn
 from pretrainlab.config import ConfigError
 from pretrainlab.model.attention import SelfAttention, gather_rows
 from pretrainlab.model.dropout import Dropout
+from pretrainlab.model.fastpath import eager_cpu
 
 
 @dataclass
@@ -240,12 +241,7 @@ class Encoder(nn.Module):
         # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real
         # batch needs no mask; on CPU in eager mode checking costs nothing and saves a pass per layer.
         attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        if (
-            attn_mask is not None
-            and attn_mask.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-            and bool(attn_mask.all())
-        ):
+        if attn_mask is not None and eager_cpu(attn_mask) and bool(attn_mask.all()):
             attn_mask = None
         if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
             rows = torch.cat([rows.new_zeros(b, 1), rows], dim=1)

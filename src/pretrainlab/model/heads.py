@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrainlab.model.fastpath import eager_cpu
 from pretrainlab.model.vocab_loss import linear_cross_entropy, plain_cross_entropy
 
 IGNORE = -100  # the label of a slot that is not scored
@@ -58,7 +59,7 @@ class MaskedLMHead(nn.Module):
         shape = labels.shape
         hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
         uniform = None if uniform is None else uniform.reshape(-1)
-        if hidden.device.type != "cpu" or torch.compiler.is_compiling():
+        if not eager_cpu(hidden):
             out = plain_cross_entropy(
                 self.transform(hidden), word_embeddings, self.bias, labels, IGNORE, temperature, uniform
             )
