@@ -527,6 +527,26 @@ def test_roberta_and_electra_stop_at_equal_flops_within_one_step(tmp_path):
     assert e_steps < r_steps  # ELECTRA's generator makes each of its steps costlier
 
 
+def test_a_budgets_learning_rate_follows_the_steps_already_taken(tmp_path):
+    """Under a tokens budget the rate of step k is warmed up to the budget used once step k is
+    done, worked out from the k steps before it (each step's own count added to the progress so
+    far): rising from the very first steps, none repeated."""
+    total, warmup, lr = 30000.0, 0.5, 1.0e-3
+    run(
+        compose_train(*RESUME, f"budget.tokens={total}", f"optim.warmup={warmup}", f"optim.lr={lr}"),
+        tmp_path,
+    )
+    rows = [r for f in tmp_path.glob("csv/version_*/metrics.csv") for r in csv.DictReader(f.open())]
+    lr_at = {int(r["step"]): float(r["train/lr"]) for r in rows if r.get("train/lr")}
+    tokens = {int(r["step"]): float(r["train/tokens_seen"]) for r in rows if r.get("train/tokens_seen")}
+    steps = sorted(lr_at)
+    assert steps[:8] == list(range(8)) and len(steps) > 10
+    assert all(b > a for a, b in zip([lr_at[k] for k in steps[:8]], [lr_at[k] for k in steps[1:9]]))
+    for k in range(2, 8):  # progress after step k-1, plus step k-1's own count: where step k will end
+        ahead = (2 * tokens[k - 1] - tokens[k - 2]) / total
+        assert lr_at[k] == pytest.approx(lr * ahead / warmup, rel=1e-6)
+
+
 def test_token_and_minute_budgets_and_bad_budgets(tmp_path):
     run(compose_train(*RESUME, "budget.tokens=20000"), tmp_path / "tokens")
     ckpt = torch.load(tmp_path / "tokens" / "checkpoints" / "last.ckpt", weights_only=False)

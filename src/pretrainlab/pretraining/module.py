@@ -10,7 +10,11 @@ optimises, counts and logs:
     budget/used, budget/fraction                      the budget's account (pretrainlab.optim.Budget)
 
 Its counters (tokens seen, skipped batches, training seconds) are buffers, saved in checkpoints, so
-a resumed run keeps counting where it stopped. Step timing and throughput: ``timing.StepTimer``.
+a resumed run keeps counting where it stopped. Each optimizer step is accounted for where it ends
+(:meth:`optimizer_step`): its training time is added and the budget records it before the trainer
+steps the learning-rate schedule and before any callback sees the step, so the schedule, step
+checkpoints, snapshots and a signal's checkpoint all see the finished step, in whatever order the
+callbacks are listed. Throughput and data-wait logging: ``timing.StepTimer``.
 
 The step leaves the device alone: the objective's forward and loss need nothing back from it (and
 can be compiled whole, ``compile=``); tokens are counted on the host, from the batch before it
@@ -91,6 +95,7 @@ class PretrainModule(L.LightningModule):
             None  # made in setup(), in the process that trains (a compiled function does not pickle)
         )
         self._compile_warmup_start: float | None = None
+        self._step_start: float | None = None  # host clock at the first micro-batch of this optimizer step
         self._start_step = 0
         self._tally: learning.Tally | None = None
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
@@ -216,8 +221,10 @@ class PretrainModule(L.LightningModule):
             torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
         # training metrics are logged at the trainer's interval only (Lightning writes them then)
         self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
         if self._compiled is not None and self._compile_warmup_start is None:
-            self._compile_warmup_start = time.perf_counter()
+            self._compile_warmup_start = self._step_start
 
     # --- non-finite losses (runtime.nonfinite) -------------------------------------------------
     def _finite(self, loss: torch.Tensor) -> bool:
@@ -236,15 +243,28 @@ class PretrainModule(L.LightningModule):
         )
 
     # --- budget ----------------------------------------------------------------------------------
-    def budget_used(self) -> float:
-        """What the run has used of its budget's unit, from the host's counters."""
-        return self.budget.measure(self.global_step, self._tokens, self._tokens * self.flops_per_token, self._seconds)
+    def budget_used(self, steps: int | None = None) -> float:
+        """What the run has used of its budget's unit, from the host's counters (``steps``: the
+        optimizer steps taken, when the trainer has not counted the last one yet)."""
+        steps = self.global_step if steps is None else steps
+        return self.budget.measure(steps, self._tokens, self._tokens * self.flops_per_token, self._seconds)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimizer step, then its account: the step's training time (host clock, from its
+        first micro-batch) and the budget's record. Lightning calls this at the end of every
+        gradient accumulation, skipped batches included, and steps the schedule right after it."""
+        super().optimizer_step(*args, **kwargs)
+        if self._step_start is not None:
+            self.add_train_seconds(time.perf_counter() - self._step_start)
+            self._step_start = None
+        self.budget.record(self.budget_used(self.global_step + 1))  # the trainer counts this step once we return
 
     def on_train_start(self) -> None:
         # a resumed run counts on from its checkpoint's counters
         self._tokens, self._seconds = float(self.tokens_seen), float(self.train_seconds)
         self.nonfinite.start(self.global_step)
         self._start_step = self.global_step
+        self._step_start = None
         self.budget.start(self.budget_used())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -256,7 +276,6 @@ class PretrainModule(L.LightningModule):
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
             return  # inside a gradient accumulation
         self.nonfinite.advance()
-        self.budget.record(self.budget_used())
         if self.budget.kind != "steps" and self.trainer.global_step % log_interval(self.trainer) == 0:
             self.log("budget/used", self.budget.used, batch_size=1)
             self.log("budget/fraction", self.budget.progress, batch_size=1)

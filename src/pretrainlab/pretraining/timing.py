@@ -1,6 +1,5 @@
-"""StepTimer: how long training steps take, and how long they wait for their batches.
+"""StepTimer: training throughput, and how long steps wait for their batches.
 
-    train_seconds (a module counter, saved in checkpoints)  training time so far, for minute budgets
     perf/tokens_per_s                                       training tokens per second (all ranks) since
                                                             the last log, validation excluded
     perf/data_wait_s, perf/data_wait_frac                   time a batch waited to be fetched (mean since
@@ -10,6 +9,9 @@
 Everything is measured on the host clock, without waiting for the device: on a GPU the host runs
 ahead of the kernels it queued, and the trainer's logging, which reads values back from the device,
 brings it in step at every logging interval, so rates over an interval are the device's.
+
+The training time that minute budgets count (``train_seconds``, saved in checkpoints) is the
+module's own account, kept where each optimizer step ends (``PretrainModule.optimizer_step``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,10 @@ from pretrainlab.runtime.loggers import log_interval
 
 
 class StepTimer(Callback):
-    """Times optimizer steps into the module's training seconds (``add_train_seconds``) and logs
-    throughput at the trainer's logging interval.
-
-    Its ``on_train_batch_end`` must run before any callback that saves a checkpoint there (a step
-    checkpoint must hold the time of the step it is saved at): list it first; Lightning moves
-    ``ModelCheckpoint`` callbacks to the end by itself."""
+    """Logs throughput and data wait at the trainer's logging interval. It changes nothing the run
+    computes, so its place among the callbacks does not matter."""
 
     def __init__(self) -> None:
-        self._step_start: float | None = None
         self._step_at_start = -1
         self._batch_start = 0.0
         self._batch_end: float | None = None  # when the previous training batch (or validation) finished
@@ -55,18 +52,13 @@ class StepTimer(Callback):
         if self._batch_end is not None:
             self._wait += self._batch_start - self._batch_end
             self._batches += 1
-        if self._step_start is None:  # the first micro-batch of this optimizer step (or after a skipped one)
-            self._step_start = self._batch_start
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         self._busy += now - self._batch_start
         if pl_module.batch_tokens is not None:  # None: the batch was skipped
             self._tokens += pl_module.batch_tokens
-        stepped = trainer.global_step != self._step_at_start  # not inside an accumulation, nor a skipped batch
-        if stepped and self._step_start is not None:
-            pl_module.add_train_seconds(now - self._step_start)
-            self._step_start = None
+        stepped = trainer.global_step != self._step_at_start  # not inside an accumulation
         if stepped and trainer.global_step % log_interval(trainer) == 0:
             elapsed = self._busy + self._wait
             bs = batch["input_ids"].shape[0]
