@@ -20,7 +20,7 @@ seeds; --ci bootstrap: a hierarchical bootstrap, for twenty seeds or more; see p
 over matched seeds; * marks a difference whose interval excludes zero. Results of encoder snapshots
 (a study with snapshots=[...]) add curve.png / curve.csv: the GLUE score against pretraining FLOPs.
 
-The conventions (task score, GLUE score) are written under the table; see pretrainlab/glue/compare.py.
+The conventions (task score, GLUE score) are written under the table; see src/pretrainlab/compare/.
 """
 
 import argparse
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.level < 1:
         parser.error(f"--level {args.level}: expected a number between 0 and 1, e.g. 0.95")
 
-    from pretrainlab.glue.compare import CompareError, collect, log_to_wandb, to_markdown, write_report
+    from pretrainlab.compare import CompareError, collect, to_markdown, write_report
+    from pretrainlab.runtime.wandb_runs import log_comparison
 
     labels = {}
     for item in args.label:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     curve = ", curve.png, curve.csv" if table.get("curve") else ""
     print(f"\nwritten: {out}/comparison.md, comparison.csv, comparison.png, comparison.json{curve}")
     if args.wandb != "disabled":
-        log_to_wandb(table, out, project=args.project, mode=args.wandb, group=args.group)
+        log_comparison(table, out, project=args.project, mode=args.wandb, group=args.group)
     return 0
 
 

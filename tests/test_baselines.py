@@ -214,7 +214,8 @@ def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_t
     import sys
     from pathlib import Path
 
-    from pretrainlab.glue.compare import log_to_wandb, write_report
+    from pretrainlab.compare import write_report
+    from pretrainlab.runtime.wandb_runs import log_comparison
     from pretrainlab.studies.intrinsic import learning_markdown, learning_preface
     from tests.test_glue import _result
 
@@ -242,7 +243,7 @@ def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_t
     )
     assert "bert-s0" not in preface
     assert "**at baseline**" in learning_markdown(rows) and learning_preface({"bert-s0": rows["bert-s0"]}) == ""
-    run_dir = log_to_wandb(table, tmp_path, mode="offline", group="learning-test")
+    run_dir = log_comparison(table, tmp_path, mode="offline", group="learning-test")
     offline = Path(run_dir).parent  # <dir>/wandb/offline-run-*/files
     inspected = subprocess.run(
         [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline)],

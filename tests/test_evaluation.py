@@ -238,7 +238,7 @@ def evaluate(pretrained, task: str, run_dir: Path, *overrides: str) -> dict:
 def test_pretrained_encoders_beat_scratch_on_minimal_pairs(encoders, tmp_path):
     """Each objective's own likelihood prefers the grammatical sentence far more often than the same
     architecture from scratch does (~ chance), significantly on the same pairs."""
-    from pretrainlab.glue.compare import item_outcomes
+    from pretrainlab.compare import item_outcomes
     from pretrainlab.glue.stats import item_difference
 
     for name, run_dir in encoders.items():
@@ -288,7 +288,7 @@ def test_probes_score_every_layer_from_features_computed_once(encoders, tmp_path
 def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_path):
     """The suite refuses a BLiMP result computed on files edited since; the comparison refuses one
     whose encoder was pretrained again; an unknown task is named with the ones there are."""
-    from pretrainlab.glue.compare import CompareError, collect
+    from pretrainlab.compare import CompareError, collect
     from pretrainlab.glue.results import ResultError
     from pretrainlab.pretraining.run import run
     from pretrainlab.studies.suite import plan_suite, run_suite

@@ -229,7 +229,7 @@ def _result(label, model, pretrain_seed, encoder, task, seed, value, examples=27
 
 
 def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregated():
-    from pretrainlab.glue.compare import CompareError, aggregate
+    from pretrainlab.compare import CompareError, aggregate
 
     tiny = [_result("roberta", "tiny", 0, "t0", "rte", s, v) for s, v in [(0, 0.473), (1, 0.480)]]
     mini = [_result("roberta", "mini", 0, "m0", "rte", s, v) for s, v in [(0, 0.527), (1, 0.540)]]
@@ -352,7 +352,7 @@ def pretrained_run(tmp_path_factory):
 
 
 def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
-    from pretrainlab.glue.compare import collect, write_report
+    from pretrainlab.compare import collect, write_report
     from pretrainlab.studies import suite
     from tests.conftest import compose_config
 
@@ -505,7 +505,8 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
     fraction, its FLOPs the encoders' mean, its interval over the seeds; logged to W&B as a table."""
     import wandb  # noqa: F401
 
-    from pretrainlab.glue.compare import curve, log_to_wandb, write_report
+    from pretrainlab.compare import curve, write_report
+    from pretrainlab.runtime.wandb_runs import log_comparison
 
     def at(label, fraction, flops, values):
         out = []
@@ -533,7 +534,7 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
     assert first["glue"] == pytest.approx(51.0) and first["ci"][0] < 51.0 < first["ci"][1]
     for name in ("curve.png", "curve.csv"):
         assert (tmp_path / "cmp" / name).stat().st_size > 100
-    run_dir = log_to_wandb(table, tmp_path / "cmp", mode="offline", group="curve-test")
+    run_dir = log_comparison(table, tmp_path / "cmp", mode="offline", group="curve-test")
     chart = list(Path(run_dir).glob("media/table/glue/curve_table_*.table.json"))  # the line chart's data
     assert chart and len(json.loads(chart[0].read_text())["data"]) == 4
     tables = list(Path(run_dir).glob("media/table/glue/curve_points_*.table.json"))

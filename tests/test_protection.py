@@ -253,7 +253,7 @@ def test_the_wandb_run_continues_only_when_the_run_resumes(tmp_path, monkeypatch
 # --- permissions ------------------------------------------------------------------------------------------
 def test_outputs_follow_the_umask(tmp_path, monkeypatch):
     """A group-shared umask (002) gives group-writable outputs: no 0600 file or 0700 directory."""
-    from pretrainlab.glue.compare import collect, write_report
+    from pretrainlab.compare import collect, write_report
     from pretrainlab.studies.suite import run_suite
     from tests.conftest import compose_config
 

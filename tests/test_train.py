@@ -12,7 +12,7 @@ import torch
 from pretrainlab.config import ConfigError
 from pretrainlab.export import load_encoder
 from pretrainlab.pretraining.run import run
-from pretrainlab.runtime.loggers import read_wandb_id
+from pretrainlab.runtime.wandb_runs import read_wandb_id
 from tests.conftest import ROOT, SMALL, compose_train, run_command
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrainlab.glue.compare import CompareError, aggregate, collect, to_markdown
+from pretrainlab.compare import CompareError, aggregate, collect, to_markdown
 from pretrainlab.glue.results import ResultError
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.run import run as pretrain
@@ -468,7 +468,7 @@ def test_fine_tuning_and_pretraining_never_share_a_directory(finished, tmp_path)
 
 
 def test_a_copied_run_directory_resumes_into_a_w_and_b_run_of_its_own(tmp_path, monkeypatch):
-    from pretrainlab.runtime.loggers import read_wandb_id
+    from pretrainlab.runtime.wandb_runs import read_wandb_id
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     wandb = [o for o in QUICK if not o.startswith("logger=")] + ["logger=wandb"]

@@ -18,7 +18,7 @@ from pretrainlab.config import ConfigError
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.runtime.loggers import read_wandb_id
+from pretrainlab.runtime.wandb_runs import read_wandb_id
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
 

@@ -43,11 +43,12 @@ from pretrainlab.glue.data import (
 )
 from pretrainlab.glue.metrics import no_skill
 from pretrainlab.glue.tasks import get_task, task_score
+from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.devices import DevicePlan, check_precision
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
 from pretrainlab.runtime.settings import check_finetuning
-from pretrainlab.runtime.signals import SaveOnSignal, exit_on_signal, fit, signal_name, worker_init
+from pretrainlab.runtime.signals import SaveOnSignal, exit_on_signal, worker_init
 
 log = logging.getLogger("pretrainlab")
 
@@ -294,21 +295,13 @@ def _run(
         log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10), job.steps_per_epoch),
     )
     try:
-        fit(trainer, stopper, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
+        stopper.fit(trainer, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
         if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
             script.exit_code = stopper.exit_code  # stopping is always for a signal: signum is set
-            assert stopper.signum is not None
-            log.warning(
-                "%s: fine-tuning of %s (seed %d) stopped at step %d of %d; no results were written. Continue "
-                "with:\n  %s",
-                signal_name(stopper.signum),
-                task.name,
-                cfg.seed,
-                trainer.global_step,
-                total_steps,
-                resume_hint,
+            stopper.exit(
+                f"fine-tuning of {task.name} (seed {cfg.seed}) stopped at step {trainer.global_step} of "
+                f"{total_steps}; no results were written. Continue with:\n  {resume_hint}"
             )
-            raise SystemExit(script.exit_code)
         if not module.history:
             raise RuntimeError("fine-tuning finished without an evaluation; is task.epochs at least 1?")
         final = module.history[-1]["metrics"]
@@ -338,7 +331,7 @@ def _run(
         if trainer.is_global_zero:
             atomic.write_json(results_path, result)
             if logger:
-                _log_summary(logger, result)
+                wandb_runs.log_finetune_summary(logger, result)
         log.info(
             "%s %s seed %d: %s (score %.2f)",
             task.name,
@@ -351,13 +344,7 @@ def _run(
     finally:
         script.finish()
     if stopper.signum is not None:  # the signal came during the last evaluation: the results are complete
-        log.warning(
-            "%s: fine-tuning of %s (seed %d) had finished; its results are written. Stopping.",
-            signal_name(stopper.signum),
-            task.name,
-            cfg.seed,
-        )
-        raise SystemExit(stopper.exit_code)
+        stopper.exit(f"fine-tuning of {task.name} (seed {cfg.seed}) had finished; its results are written. Stopping.")
     return result
 
 
@@ -383,7 +370,7 @@ def _run_frozen(
         logger = _logger(script, task, model, cfg.seed, fields.get("eval_examples") or {})
         if logger:
             logger.log_metrics({f"val/{k}": v for k, v in result["metrics"].items()})
-            _log_summary(logger, result)
+            wandb_runs.log_finetune_summary(logger, result)
         atomic.write_json(results_path, result)
         log.info(
             "%s %s: %s (score %.2f)",
@@ -430,17 +417,6 @@ def _result(
         "config": OmegaConf.to_container(cfg, resolve=True),
         "run_dir": str(run_dir),
     }
-
-
-def _log_summary(logger, result: dict) -> None:
-    from lightning.pytorch.loggers import WandbLogger
-
-    if isinstance(logger, WandbLogger):
-        summary = logger.experiment.summary
-        for k, v in result["metrics"].items():
-            summary[f"glue/{result['task']}/{k}"] = v
-        summary[f"glue/{result['task']}/score"] = result["score"]
-        summary["glue/score"] = result["score"]  # one key for every task: the metric of sweeps/glue.yaml
 
 
 __all__ = ["run"]

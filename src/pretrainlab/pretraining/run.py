@@ -3,7 +3,10 @@ the Hydra entry point; studies and tests call :func:`run` with a composed config
 
 Order matters and goes one way: checks (settings, run directory, a checkpoint to resume) ->
 corpus -> tokenizer -> encoder config (vocabulary from the tokenizer) -> objective -> examples ->
-LightningModule -> Trainer -> export.
+budget -> LightningModule -> Trainer -> train -> final checkpoint, export, what it learned. Each
+step is a function below (``validate``, ``build_*``, ``finish``); ``_run`` calls them in that order.
+Exports and their provenance: ``snapshots.EncoderExport``; stopping on a signal:
+``runtime.signals.SaveOnSignal``.
 """
 
 from __future__ import annotations
@@ -17,28 +20,27 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.pipeline import PretrainData
-from pretrainlab.export import export_encoder
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
-from pretrainlab.pretraining.snapshots import EncoderSnapshots, check_fractions
+from pretrainlab.pretraining.snapshots import EncoderExport, EncoderSnapshots, check_fractions
 from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
 from pretrainlab.pretraining.timing import StepTimer
-from pretrainlab.runtime import hydra
+from pretrainlab.runtime import hydra, wandb_runs
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.devices import DevicePlan, check_precision, refuse_multirun_ddp
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_pretraining
-from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint, fit, signal_name
+from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
 log = logging.getLogger("pretrainlab")
@@ -111,22 +113,86 @@ def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens: Spec
 
 
 def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_token: float) -> Budget:
-    """The one budget set in ``cfg.budget`` (tokens, flops or minutes), else ``max_steps`` steps.
-    ``flops_per_token``: the objective's, for the first step's estimate of a FLOPs budget."""
+    """The one budget set in ``cfg.budget`` (tokens, flops or minutes; ``validate`` refuses more
+    than one), else ``max_steps`` steps. ``flops_per_token``: the objective's, for the first step's
+    estimate of a FLOPs budget."""
     chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}
     if not chosen:
         return Budget("steps", cfg.max_steps)
-    if len(chosen) > 1:
-        raise ConfigError(f"set one budget, not {len(chosen)}: {', '.join(f'budget.{k}' for k in chosen)}.")
     kind, total = next(iter(chosen.items()))
     store = datamodule.train_store
     tokens_per_example = store.num_tokens / len(store) if store is not None else cfg.max_seq_len
     tokens = cfg.batch_size * tokens_per_example
     per_step = {"tokens": tokens, "flops": tokens * flops_per_token, "minutes": 0.0}[kind]
     try:
-        return Budget(kind, float(total), per_step)
+        budget = Budget(kind, float(total), per_step)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    log.info(
+        "budget: %s %s (about %s per step); max_steps is not used",
+        f"{budget.total:.4g}",
+        budget.kind,
+        f"{budget.expected_per_step or float('nan'):.4g}",
+    )
+    return budget
+
+
+def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, plan: DevicePlan) -> PretrainDataModule:
+    """The objective's examples of ``data`` (built, or read from the cache) and its batches, split
+    by the device plan; the objective learns the training split's token counts (the masked LMs'
+    unigram baselines, objectives/learning.py)."""
+    datamodule = PretrainDataModule(
+        data,
+        objective.example_builder(cfg.max_seq_len),
+        objective.collator(cfg.max_seq_len if plan.static_shapes else None),
+        plan.micro_batch,
+        cfg.seed,
+        num_workers=cfg.num_workers,
+        accumulate=plan.accumulate,
+    )
+    datamodule.prepare()
+    store = datamodule.train_store
+    if store is not None:
+        objective.token_counts = store.token_counts(objective.tokens.vocab_size)
+        log.info(
+            "examples: %d train (%d tokens), %d val", len(store), store.num_tokens, len(datamodule.val_store or ())
+        )
+    return datamodule
+
+
+def build_trainer(
+    cfg: DictConfig, script: RunScript, plan: DevicePlan, module: PretrainModule, callbacks: list, logger: Any
+) -> L.Trainer:
+    """The Trainer of ``cfg.trainer`` with the run's callbacks: step checkpoints every
+    ``checkpoint_every`` steps (and ``last.ckpt``), validation every ``val_every`` steps, and
+    ``max_steps`` unless a budget stops the run."""
+    steps = module.budget.kind == "steps"
+    checkpoint = StepCheckpoint(
+        dirpath=script.dir / "checkpoints",
+        filename="step={step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint_every,
+        save_top_k=1,
+        monitor="step",
+        mode="max",
+        save_last=True,
+        save_on_train_epoch_end=False,
+        enable_version_counter=False,
+    )
+    return instantiate(
+        cfg.trainer,
+        max_steps=cfg.max_steps if steps else -1,
+        max_epochs=-1,
+        default_root_dir=str(script.dir),
+        logger=logger,
+        callbacks=[*callbacks, checkpoint, LearningLog(script.dir), *script.callbacks()],
+        plugins=[CheckpointIO()],
+        val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
+        check_val_every_n_epoch=None,
+        gradient_clip_val=module.optim.grad_clip,
+        use_distributed_sampler=False,
+        accumulate_grad_batches=plan.accumulate,
+    )
 
 
 def run(
@@ -165,46 +231,65 @@ def _run(
         check_resumable(resume_from, run_info(objective_cfg, provisional.to_dict()), ignore=("vocab_size",))
     script.start()
 
+    # corpus -> tokenizer -> encoder config -> objective -> examples -> budget -> module
     data, special = build_data(cfg)
-    tokenizer = data.tokenizer
     encoder_config = build_encoder_config(cfg, special.vocab_size)
     info = run_info(objective_cfg, encoder_config.to_dict())
     if resume_from is not None:
         check_resumable(resume_from, info)
     objective = build_objective(cfg, encoder_config, special)
-
     log.info("%s", plan.describe())
-    datamodule = PretrainDataModule(
-        data,
-        objective.example_builder(cfg.max_seq_len),
-        objective.collator(cfg.max_seq_len if plan.static_shapes else None),
-        plan.micro_batch,
-        cfg.seed,
-        num_workers=cfg.num_workers,
-        accumulate=plan.accumulate,
-    )
-    datamodule.prepare()
-    if datamodule.train_store is not None:
-        # the masked LMs' unigram baselines (objectives/learning.py)
-        objective.token_counts = datamodule.train_store.token_counts(special.vocab_size)
-        log.info(
-            "examples: %d train (%d tokens), %d val",
-            len(datamodule.train_store),
-            datamodule.train_store.num_tokens,
-            len(datamodule.val_store or ()),
-        )
-
+    datamodule = build_datamodule(cfg, data, objective, plan)
     flops_per_token = float(objective.flops_per_token(encoder_config, cfg.max_seq_len))
     budget = build_budget(cfg, datamodule, flops_per_token)
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
-    if budget.kind != "steps":
-        log.info(
-            "budget: %s %s (about %s per step); max_steps is not used",
-            f"{budget.total:.4g}",
-            budget.kind,
-            f"{budget.expected_per_step or float('nan'):.4g}",
+    module = build_module(cfg, encoder_config, objective, budget, flops_per_token, info, plan)
+
+    # trainer -> train -> final checkpoint -> export -> what it learned
+    script.save_config()
+    logger = script.build_logger(resume=resume_from is not None)
+    export = EncoderExport(
+        data.tokenizer,
+        special,
+        run_dir,
+        budget,
+        script.choices,
+        plain(cfg),
+        {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)},
+    )
+    stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt", resume_hint)
+    snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, export)
+    trainer = build_trainer(cfg, script, plan, module, [StepTimer(), stopper, snapshots], logger)
+    try:
+        stopper.fit(
+            trainer,
+            module,
+            datamodule=datamodule,
+            ckpt_path=None if resume_from is None else str(resume_from),
+            weights_only=True,
         )
+        stopper.exit_if_stopped(trainer)
+        result = finish(cfg, trainer, module, export, logger)
+        script.exit_code = 0
+    except SystemExit as stop:  # a signal stopped the run: its status goes to the logger too
+        script.exit_code = stop.code if isinstance(stop.code, int) else 1
+        raise
+    finally:
+        script.finish()
+    return result
+
+
+def build_module(
+    cfg: DictConfig,
+    encoder_config: EncoderConfig,
+    objective: Objective,
+    budget: Budget,
+    flops_per_token: float,
+    info: dict,
+    plan: DevicePlan,
+) -> PretrainModule:
+    """The encoder and the objective in one LightningModule, optimised as ``cfg.optim`` says."""
     module = PretrainModule(
         encoder_config,
         objective,
@@ -222,119 +307,50 @@ def _run(
         objective.name,
         f"{sum(p.numel() for p in objective.parameters()):,}",
     )
+    return module
 
-    script.save_config()
-    logger = script.build_logger(resume=resume_from is not None)
-    checkpoint = StepCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        filename="step={step}",
-        auto_insert_metric_name=False,
-        every_n_train_steps=cfg.checkpoint_every,
-        save_top_k=1,
-        monitor="step",
-        mode="max",
-        save_last=True,
-        save_on_train_epoch_end=False,
-        enable_version_counter=False,
-    )
-    stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt")
 
-    data_id = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
-
-    def provenance(fraction: float) -> dict:
-        return {
-            "objective": objective.name,
-            "run_dir": str(run_dir.resolve()),
-            "global_step": module.global_step,
-            "fraction": fraction,
-            "tokens_seen": module.tokens,
-            "flops": module.tokens * module.flops_per_token,
-            "seconds": module.seconds,
-            "budget": {"kind": budget.kind, "total": budget.total},
-            "choices": script.choices,
-            "config": OmegaConf.to_container(cfg, resolve=True),
-            "data": data_id,
-        }
-
-    def snapshot(pl_module: PretrainModule, out: Path, fraction: float) -> None:
-        export_encoder(
-            pl_module.encoder, tokenizer, special, out, pretraining=provenance(fraction), objective=pl_module.objective
-        )
-
-    snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, snapshot)
-    steps = budget.kind == "steps"
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        max_steps=cfg.max_steps if steps else -1,
-        max_epochs=-1,
-        default_root_dir=str(run_dir),
-        logger=logger,
-        callbacks=[StepTimer(), checkpoint, stopper, snapshots, LearningLog(run_dir), *script.callbacks()],
-        plugins=[CheckpointIO()],
-        val_check_interval=min(cfg.val_every, cfg.max_steps) if steps else cfg.val_every,
-        check_val_every_n_epoch=None,
-        gradient_clip_val=module.optim.grad_clip,
-        use_distributed_sampler=False,
-        accumulate_grad_batches=plan.accumulate,
-    )
-    try:
-        fit(
-            trainer,
-            stopper,
-            module,
-            datamodule=datamodule,
-            ckpt_path=None if resume_from is None else str(resume_from),
-            weights_only=True,
-        )
-        if stopper.signum is not None:
-            script.exit_code = stopper.exit_code
-            saved = (
-                f"checkpoint saved at step {trainer.global_step} to {stopper.path}"
-                if stopper.stopped
-                else "stopped without saving; the last checkpoint written is the one to resume from"
-            )
-            log.warning("%s: %s. Resume with:\n  %s", signal_name(stopper.signum), saved, resume_hint)
-            raise SystemExit(script.exit_code) from None
-        if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
-            save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")  # the final state
-        result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        result["global_step"] = trainer.global_step
-        result["run_dir"] = str(run_dir)
-        if trainer.is_global_zero and cfg.export:
-            out = export_encoder(
-                module.encoder,
-                tokenizer,
-                special,
-                run_dir / "encoder",
-                pretraining=provenance(1.0),
-                objective=module.objective,
-            )
-            result["encoder_dir"] = str(out)
-            log.info("exported encoder -> %s", out)
-            if cfg.get("log_encoder_artifact"):
-                log_encoder_artifact(logger, out, objective.name)
-        result["learning"] = [c.to_dict() for c in module.learning_checks]
-        if trainer.is_global_zero:
-            log.info("%s", summary_line(result, module.tokens, run_dir))
-            for check in module.learning_checks:
-                log.info("learned: %s", check.line())
-            if module.learning_checks and all(c.at_baseline for c in module.learning_checks):
-                log.warning(
-                    "every head of %s is still at its trivial baseline on held-out text: this encoder has "
-                    "learned token frequencies at most, and comparing it measures nothing of its objective "
-                    'yet. Train longer or larger (docs/studies.md, "Has it learned?").',
-                    objective.name,
-                )
-            elif any(c.at_baseline for c in module.learning_checks):
-                log.warning(
-                    "%s: %s still at its trivial baseline on held-out text",
-                    objective.name,
-                    ", ".join(c.head for c in module.learning_checks if c.at_baseline),
-                )
-        script.exit_code = 0
-    finally:
-        script.finish()
+def finish(cfg: DictConfig, trainer: L.Trainer, module: PretrainModule, export: EncoderExport, logger: Any) -> dict:
+    """After training: the final state in ``last.ckpt`` (unless a periodic checkpoint holds it),
+    the encoder exported (first rank), the result line and what each head learned; returns the
+    final metrics, the step, the paths written and the learning checks."""
+    run_dir = Path(trainer.default_root_dir)
+    if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
+        save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")
+    result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    result["global_step"] = trainer.global_step
+    result["run_dir"] = str(run_dir)
+    if trainer.is_global_zero and cfg.export:
+        out = export(module, run_dir / "encoder", 1.0)
+        result["encoder_dir"] = str(out)
+        log.info("exported encoder -> %s", out)
+        if cfg.get("log_encoder_artifact"):
+            wandb_runs.log_encoder_artifact(logger, out, module.objective.name)
+    result["learning"] = [c.to_dict() for c in module.learning_checks]
+    if trainer.is_global_zero:
+        log.info("%s", summary_line(result, module.tokens, run_dir))
+        report_learning(module.objective.name, module.learning_checks)
     return result
+
+
+def report_learning(objective: str, checks: list) -> None:
+    """Each head's last held-out check beside its trivial baseline, and a warning for the heads
+    still at it."""
+    for check in checks:
+        log.info("learned: %s", check.line())
+    if checks and all(c.at_baseline for c in checks):
+        log.warning(
+            "every head of %s is still at its trivial baseline on held-out text: this encoder has "
+            "learned token frequencies at most, and comparing it measures nothing of its objective "
+            'yet. Train longer or larger (docs/studies.md, "Has it learned?").',
+            objective,
+        )
+    elif any(c.at_baseline for c in checks):
+        log.warning(
+            "%s: %s still at its trivial baseline on held-out text",
+            objective,
+            ", ".join(c.head for c in checks if c.at_baseline),
+        )
 
 
 def summary_line(result: dict, tokens: float, run_dir: Path) -> str:
@@ -345,19 +361,14 @@ def summary_line(result: dict, tokens: float, run_dir: Path) -> str:
     )
 
 
-def log_encoder_artifact(logger, export_dir: Path, objective: str) -> None:
-    """The exported encoder as a W&B model artifact of this run (uploaded by `wandb sync` when offline)."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    if not isinstance(logger, WandbLogger):
-        log.warning("log_encoder_artifact=true needs logger=wandb; no artifact logged")
-        return
-    import wandb
-
-    run = logger.experiment
-    artifact = wandb.Artifact(f"encoder-{run.id}", type="model", metadata={"objective": objective})
-    artifact.add_dir(str(export_dir))
-    run.log_artifact(artifact, aliases=["latest"])
-
-
-__all__ = ["build_budget", "build_data", "build_encoder_config", "build_objective", "resume_command", "run", "validate"]
+__all__ = [
+    "build_budget",
+    "build_data",
+    "build_datamodule",
+    "build_encoder_config",
+    "build_objective",
+    "build_trainer",
+    "resume_command",
+    "run",
+    "validate",
+]

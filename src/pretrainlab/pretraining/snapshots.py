@@ -6,6 +6,9 @@ tokens, FLOPs or minutes of ``budget.*``); the final encoder, ``<run>/encoder/``
 Each snapshot is a complete native export whose ``pretraining`` metadata records its fraction, step,
 tokens and FLOPs, so that GLUE results of a snapshot carry the compute that produced it.
 
+:class:`EncoderExport` writes every export of a run, the snapshots and the final encoder alike, with
+the provenance that says what produced it.
+
 A snapshot is an intermediate state of one run (its learning rate not yet decayed), as in the
 compute curves of Clark et al. (2020), not a shorter run trained to that budget.
 
@@ -28,7 +31,9 @@ from typing import Any
 import lightning as L
 
 from pretrainlab import atomic
+from pretrainlab.export import export_encoder
 from pretrainlab.optim import Budget
+from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
 
@@ -127,12 +132,58 @@ def relabel(run_dir: str | Path, budget: Budget) -> list[tuple[float, float]]:
     return out
 
 
+class EncoderExport:
+    """Exports a run's encoder (``module.encoder``, with ``module.objective``'s weights) as a native
+    export whose ``pretraining`` metadata records what produced it: the objective, the run
+    directory, the step, tokens, FLOPs and training time so far, the fraction of the budget and the
+    budget, the config group choices, the resolved config and the data's identity (corpus and
+    tokenizer keys). Called with fraction 1 for the final encoder, and by :class:`EncoderSnapshots`."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        special: SpecialTokens,
+        run_dir: Path,
+        budget: Budget,
+        choices: dict[str, str],
+        config: dict,
+        data_id: dict[str, str],
+    ):
+        self.tokenizer, self.special, self.run_dir = tokenizer, special, Path(run_dir)
+        self.budget, self.choices, self.config, self.data_id = budget, choices, config, data_id
+
+    def provenance(self, module: Any, fraction: float) -> dict:
+        return {
+            "objective": module.objective.name,
+            "run_dir": str(self.run_dir.resolve()),
+            "global_step": module.global_step,
+            "fraction": fraction,
+            "tokens_seen": module.tokens,
+            "flops": module.tokens * module.flops_per_token,
+            "seconds": module.seconds,
+            "budget": {"kind": self.budget.kind, "total": self.budget.total},
+            "choices": self.choices,
+            "config": self.config,
+            "data": self.data_id,
+        }
+
+    def __call__(self, module: Any, out: Path, fraction: float) -> Path:
+        return export_encoder(
+            module.encoder,
+            self.tokenizer,
+            self.special,
+            out,
+            pretraining=self.provenance(module, fraction),
+            objective=module.objective,
+        )
+
+
 class EncoderSnapshots(L.Callback):
     """Export the encoder once the run's budget progress reaches each fraction (first rank only).
-    ``export(module, out_dir, fraction)`` writes one snapshot. Snapshots already on disk (a
+    ``export(module, out_dir, fraction)`` (an :class:`EncoderExport`) writes one snapshot. Snapshots already on disk (a
     resumed run) are kept."""
 
-    def __init__(self, fractions: list[float], run_dir: Path, export: Callable[[Any, Path, float], None]):
+    def __init__(self, fractions: list[float], run_dir: Path, export: Callable[[Any, Path, float], Any]):
         self.fractions = check_fractions(fractions)
         self.run_dir = Path(run_dir)
         self.export = export
@@ -165,4 +216,4 @@ class EncoderSnapshots(L.Callback):
             log.info("snapshot at %g of the budget (step %d) -> %s", fraction, trainer.global_step, out)
 
 
-__all__ = ["EncoderSnapshots", "SNAPSHOTS", "check_fractions", "relabel", "snapshot_dir"]
+__all__ = ["EncoderExport", "EncoderSnapshots", "SNAPSHOTS", "check_fractions", "relabel", "snapshot_dir"]

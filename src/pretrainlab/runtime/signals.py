@@ -18,7 +18,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning as L
 import torch
@@ -75,10 +75,14 @@ class SaveOnSignal(Callback):
     inside the signal handler, which can deadlock the ranks.)
 
     A KeyboardInterrupt that reaches Lightning (a second Ctrl-C, or one outside training) is
-    recorded too: ``signum`` is SIGINT and ``stopped`` false (nothing was saved)."""
+    recorded too: ``signum`` is SIGINT and ``stopped`` false (nothing was saved).
 
-    def __init__(self, path: Path | None):
+    Train with :meth:`fit`; afterwards :meth:`exit_if_stopped` (or :meth:`exit`, with a message of
+    the run's own) ends a run a signal stopped, saying how to resume it (``resume_hint``)."""
+
+    def __init__(self, path: Path | None, resume_hint: str = ""):
         self.path = path
+        self.resume_hint = resume_hint
         self.signum: int | None = None
         self._step_at_start = -1
         self._previous_sigint: Any = None
@@ -147,19 +151,36 @@ class SaveOnSignal(Callback):
                 save_checkpoint(trainer, self.path)
             self.stopped = trainer.should_stop = True  # ends after this step's logging; nothing else is saved
 
+    def fit(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        """``trainer.fit(*args, **kwargs)``; a stop by a signal is left in ``signum`` rather than
+        raised. (Lightning raises its ``SIGTERMException``, a ``SystemExit`` with status 0, for a
+        SIGTERM that arrives while its own handler is in place, before training starts; and
+        ``SystemExit(1)`` after a KeyboardInterrupt it caught, which this callback records.)"""
+        try:
+            trainer.fit(*args, **kwargs)
+        except SIGTERMException:
+            self.signum = signal.SIGTERM
+        except SystemExit:
+            if self.signum is None:
+                raise
 
-def fit(trainer: L.Trainer, stopper: SaveOnSignal, *args: Any, **kwargs: Any) -> None:
-    """``trainer.fit(*args, **kwargs)``; a stop by a signal is left in ``stopper.signum`` rather than
-    raised. (Lightning raises its ``SIGTERMException``, a ``SystemExit`` with status 0, for a SIGTERM
-    that arrives while its own handler is in place, before training starts; and ``SystemExit(1)``
-    after a KeyboardInterrupt it caught, which the stopper records.)"""
-    try:
-        trainer.fit(*args, **kwargs)
-    except SIGTERMException:
-        stopper.signum = signal.SIGTERM
-    except SystemExit:
-        if stopper.signum is None:
-            raise
+    def exit(self, message: str) -> NoReturn:
+        """Log ``<SIGNAL>: message`` and exit with 128 + the signal's number (once a signal came)."""
+        code = self.exit_code  # raises when no signal came
+        log.warning("%s: %s", signal_name(code - 128), message)
+        raise SystemExit(code)
+
+    def exit_if_stopped(self, trainer: L.Trainer) -> None:
+        """After :meth:`fit`: when a signal stopped the run, say which checkpoint to resume from and
+        how (``resume_hint``), and exit with 128 + the signal's number; otherwise nothing."""
+        if self.signum is None:
+            return
+        saved = (
+            f"checkpoint saved at step {trainer.global_step} to {self.path}"
+            if self.stopped and self.path is not None
+            else "stopped without saving; the last checkpoint written is the one to resume from"
+        )
+        self.exit(f"{saved}. Resume with:\n  {self.resume_hint}")
 
 
 def signal_name(signum: int) -> str:
@@ -186,4 +207,4 @@ def exit_on_signal(what: str, hint: str):
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "exit_on_signal", "fit", "signal_name", "worker_init"]
+__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "exit_on_signal", "signal_name", "worker_init"]

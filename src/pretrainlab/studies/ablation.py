@@ -38,13 +38,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from pretrainlab.compare import collect, is_final, to_markdown, write_report
 from pretrainlab.config import plain
 from pretrainlab.evaluation.tasks import get as get_task
-from pretrainlab.glue.compare import collect, is_final, log_to_wandb, to_markdown, write_report
 from pretrainlab.glue.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
+from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
@@ -237,8 +238,8 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}
-    if str(lcfg.get("_target_", "")).endswith("WandbLogger") and lcfg.get("mode") != "disabled":
-        log_to_wandb(
+    if wandb_runs.enabled(lcfg):
+        wandb_runs.log_comparison(
             table,
             report,
             project=lcfg.get("project", "pretrainlab"),

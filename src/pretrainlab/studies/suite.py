@@ -24,13 +24,13 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
+from pretrainlab.compare import aggregate, as_final, to_markdown
 from pretrainlab.config import plain
 from pretrainlab.evaluation import tasks as evaluations
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
 from pretrainlab.finetuning import run as finetuning
 from pretrainlab.finetuning.encoders import encoder_identity
-from pretrainlab.glue.compare import aggregate, as_final, to_markdown
 from pretrainlab.glue.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF

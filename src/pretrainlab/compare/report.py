@@ -1,0 +1,63 @@
+"""One comparison report directory: comparison.md, .csv, .png and .json; FLOPs curves of snapshots
+(curve.png, curve.csv, and per task); BLiMP and probe tables where there are such results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretrainlab import atomic
+from pretrainlab.compare.collect import encoder_of, is_final, row_labels
+from pretrainlab.compare.plots import plot, plot_curve
+from pretrainlab.compare.statistics import aggregate, curve
+from pretrainlab.compare.tables import curve_csv, to_csv, to_markdown
+from pretrainlab.evaluation import report
+from pretrainlab.evaluation.tasks import display_name, is_glue
+from pretrainlab.glue import stats
+
+
+def write_report(
+    results: list[dict],
+    out_dir: str | Path,
+    baseline: str | None = None,
+    method: str = "t",
+    level: float = stats.LEVEL,
+    preface: str = "",
+    learning: dict | None = None,
+) -> dict:
+    """comparison.md, .csv, .png and .json in ``out_dir``; with snapshot results also curve.png and
+    curve.csv (the table's ``curve``). ``preface``: what comparison.md says before its table (a
+    study's warning about encoders that have not learned yet); ``learning``: the study's held-out
+    checks of each run (``studies.intrinsic.learning_report``), kept in the table for W&B."""
+    table = aggregate(results, baseline, method, level)  # refuses what cannot be compared before anything is written
+    table["preface"], table["learning"] = preface, learning or {}
+    table["curve"] = curve(results, method, level)
+    table["curves"] = {t: c for t in table["tasks"] if not is_glue(t) and (c := curve(results, method, level, t))}
+    finals = [r for r in results if is_final(r)]
+    rows = row_labels(finals)
+    table["blimp"] = report.blimp_table(finals, rows, lambda r: encoder_of(r)["id"], level)
+    table["probes"] = report.probe_table(finals, rows, lambda r: encoder_of(r)["id"])
+    out = Path(out_dir)
+    atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
+    atomic.write_text(out / "comparison.csv", to_csv(table))
+    atomic.write_text(out / "comparison.json", json.dumps(table, indent=2))
+    plot(table, out / "comparison.png")
+    if table["curve"]:
+        scratch = {lb: g["score"][0] for lb, g in table["glue"].items() if lb.startswith("scratch")}
+        plot_curve(table["curve"], out / "curve.png", scratch)
+        atomic.write_text(out / "curve.csv", curve_csv(table["curve"]))
+    for task, lines in table["curves"].items():
+        scratch = {
+            lb: c[task]["score"][0] for lb, c in table["cells"].items() if lb.startswith("scratch") and task in c
+        }
+        plot_curve(lines, out / f"curve-{task}.png", scratch, name=display_name(task))
+        atomic.write_text(out / f"curve-{task}.csv", curve_csv(lines))
+    if table["blimp"]:
+        atomic.write_text(out / "blimp.md", report.blimp_markdown(table["blimp"]) + "\n")
+    if table["probes"]:
+        atomic.write_text(out / "probes.md", report.probe_markdown(table["probes"]) + "\n")
+        report.plot_probes(table["probes"], out / "probes.png")
+    return table
+
+
+__all__ = ["write_report"]
