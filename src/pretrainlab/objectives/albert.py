@@ -21,7 +21,8 @@ from pretrainlab.tokens import SpecialTokens
 @dataclass(frozen=True, eq=False)
 class NgramMaskingCollator(MaskedLMCollator):
     """Selects n-gram spans of whole words (p(n) proportional to 1/n, n <= max_ngram) up to the
-    prediction budget; the 80/10/10 corruption is then drawn per token."""
+    number of tokens to predict (mask_rate of the eligible ones); the 80/10/10 corruption is then
+    drawn per token."""
 
     max_ngram: int = 3
 
