@@ -1,0 +1,84 @@
+"""The house: no import circle between modules, and no arrow from a lower floor up to a higher one
+(docs/design.md). Read from the source with ``ast`` (top-level imports: the ones that run when a
+module is imported); a function-level import is a deliberate late binding and is not counted."""
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+SRC = ROOT / "src"
+
+# floors, lowest first: a package may import its own floor and those below, never one above
+FLOORS = [
+    {"config", "atomic", "tokens", "figures"},
+    {"runtime", "model", "optim"},
+    {"data"},
+    {"objectives"},
+    {"export", "glue", "evaluation", "finetuning", "pretraining"},
+    {"compare"},
+    {"studies"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in (SRC / "pretrainlab").rglob("*.py"):
+        name = ".".join(f.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for name, f in modules.items():
+        targets = set()
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pretrainlab"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("pretrainlab")}
+        edges[name] = targets & modules.keys()
+    return edges
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "pretrainlab"
+
+
+def _floor(package: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if package in floor)
+
+
+def test_no_module_imports_itself_through_others():
+    edges = _imports(_modules())
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*path[path.index(target) :], target]))
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_package_imports_a_higher_floor():
+    modules = _modules()
+    packages = {_package(m) for m in modules} - {"pretrainlab"}
+    assert packages <= set().union(*FLOORS), f"place {sorted(packages - set().union(*FLOORS))} on a floor"
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in _imports(modules).items()
+        for b in targets
+        if _package(a) != "pretrainlab" and _floor(_package(b)) > _floor(_package(a))
+    )
+    assert not upward, "imports from a lower floor up to a higher one:\n" + "\n".join(upward)
