@@ -90,3 +90,60 @@ def test_select_tokens_never_exceeds_eligible_and_inputs_are_not_modified():
 def test_bad_masking_config_is_refused(kw):
     with pytest.raises(ValueError, match="objective\\."):
         MaskingConfig(**kw)
+
+
+# --- permutation language modelling (XLNet) --------------------------------------------------------
+def test_two_stream_masks_follow_the_definition_for_random_orders():
+    """Built cell by cell from the definition: the content stream sees keys not later in the order
+    (itself included), the query stream of a target only keys strictly earlier (never its own
+    content); context comes first and sees only context; padding is never seen."""
+    from pretrainlab.objectives.permutation import CONTEXT, factorisation_order, two_stream_masks
+
+    g = torch.Generator().manual_seed(0)
+    batch, seq = 6, 24
+    attention = torch.ones(batch, seq, dtype=torch.long)
+    attention[1, 17:] = 0
+    attention[4, 9:] = 0
+    eligible = attention.bool().clone()
+    eligible[:, 0] = False  # [CLS]
+    order = factorisation_order(eligible, 1 / 3, g)
+    content, query = two_stream_masks(order, attention)
+    for b in range(batch):
+        real = attention[b].bool()
+        targets = [i for i in range(seq) if order[b, i] >= 0]
+        assert targets and all(eligible[b, i] for i in targets)
+        assert sorted(order[b, targets].tolist()) == list(range(len(targets)))  # one rank each
+        for q in range(seq):
+            for k in range(seq):
+                want_content = bool(real[k]) and int(order[b, k]) <= int(order[b, q])
+                assert bool(content[b, q, k]) == want_content, (b, q, k)
+                if order[b, q] >= 0:
+                    assert bool(query[b, q, k]) == (bool(real[k]) and int(order[b, k]) < int(order[b, q]))
+                else:
+                    assert bool(query[b, q, k]) == want_content
+        for q in targets:
+            assert not query[b, q, q] and content[b, q, q]  # never its own content in the query stream
+            assert query[b, q].any()  # the context ([CLS] at least) is always there to attend
+            later = [k for k in targets if order[b, k] > order[b, q]]
+            assert not content[b, q, later].any() and not query[b, q, later].any()
+        context = [i for i in range(seq) if order[b, i] == CONTEXT and real[i]]
+        assert all(not content[b, q, targets].any() for q in context)  # context never sees a target
+
+
+def test_permutation_predicts_one_in_k_and_orders_targets_uniformly():
+    """Over 4000 rows of 64 eligible tokens (seeded): the predicted fraction is 1/K (K = 6), each
+    row predicting floor or ceil of 64/K; the first target in the order is at each of a row's
+    target positions equally often."""
+    from pretrainlab.objectives.permutation import factorisation_order
+
+    g = torch.Generator().manual_seed(1)
+    eligible = torch.ones(4000, 64, dtype=torch.bool)
+    order = factorisation_order(eligible, 1 / 6, g)
+    counts = (order >= 0).sum(dim=1)
+    assert set(counts.tolist()) == {10, 11} and abs(counts.float().mean().item() / 64 - 1 / 6) < 0.002
+    rows = counts == 11  # where the first-ranked target sits among a row's targets, left to right
+    first = torch.stack([(o[o >= 0] == 0).nonzero().squeeze() for o in order[rows]])
+    share = torch.bincount(first, minlength=11).float() / len(first)
+    assert len(first) > 2000 and (share - 1 / 11).abs().max() < 0.025, share
+    with pytest.raises(ValueError, match="must be in"):
+        factorisation_order(eligible[:2], 1.0, g)
