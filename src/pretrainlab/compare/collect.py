@@ -16,6 +16,7 @@ from pathlib import Path
 from pretrainlab.glue.results import (
     LEGACY,
     ResultError,
+    changed_files,
     check_encoder,
     is_result,
     is_results_file,
@@ -192,7 +193,7 @@ def _check_same_settings(results: list[dict]) -> None:
         with_files = [r for r in rs if (r.get("data") or {}).get("files")]
         for r in with_files[1:]:
             a, b = with_files[0]["data"]["files"], r["data"]["files"]
-            differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            differing = changed_files(a, b)
             if differing:
                 raise CompareError(
                     f"{task} results were computed on different data: {', '.join(differing)} differ between "

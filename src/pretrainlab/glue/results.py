@@ -135,13 +135,19 @@ def check_settings(result: dict, now: dict, path: Path) -> None:
         )
 
 
+def changed_files(a: dict, b: dict) -> list[str]:
+    """The data files (name -> sha256) whose hashes differ between ``a`` and ``b``, one missing
+    from either included, sorted."""
+    return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
+
+
 def check_data(result: dict, digests: dict | None, path: Path) -> None:
     """Refuse ``result`` when the data files it was computed on (their sha256, recorded as
     ``data.files``) differ from ``digests`` (the files there now)."""
     was = ((result.get("data") or {}).get("files")) or None
     if not was or not digests:
         return
-    changed = sorted(name for name in set(was) | set(digests) if was.get(name) != digests.get(name))
+    changed = changed_files(was, digests)
     if changed:
         raise ResultError(
             f"{path} was computed on other data: {', '.join(changed)} changed since (sha256 "
@@ -162,6 +168,7 @@ def settings_of(result: dict) -> dict[str, Any]:
 
 
 __all__ = [
+    "changed_files",
     "AGAIN",
     "LEGACY",
     "RESULT_SETTINGS",

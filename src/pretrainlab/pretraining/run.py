@@ -270,7 +270,7 @@ def _run(
             weights_only=True,
         )
         stopper.exit_if_stopped(trainer)
-        result = finish(cfg, trainer, module, export, logger)
+        result = finish(cfg, run_dir, trainer, module, export, logger)
         script.exit_code = 0
     except SystemExit as stop:  # a signal stopped the run: its status goes to the logger too
         script.exit_code = stop.code if isinstance(stop.code, int) else 1
@@ -310,11 +310,12 @@ def build_module(
     return module
 
 
-def finish(cfg: DictConfig, trainer: L.Trainer, module: PretrainModule, export: EncoderExport, logger: Any) -> dict:
+def finish(
+    cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module: PretrainModule, export: EncoderExport, logger: Any
+) -> dict:
     """After training: the final state in ``last.ckpt`` (unless a periodic checkpoint holds it),
     the encoder exported (first rank), the result line and what each head learned; returns the
     final metrics, the step, the paths written and the learning checks."""
-    run_dir = Path(trainer.default_root_dir)
     if trainer.global_step > 0 and trainer.global_step % cfg.checkpoint_every:
         save_checkpoint(trainer, run_dir / "checkpoints" / "last.ckpt")
     result: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

@@ -1,8 +1,8 @@
 """Experiment loggers: Weights & Biases (offline by default; ``wandb_runs``), CSV, or none.
 
-The composed config is logged as
-a flat dict of dotted keys plus ``choice.<group>`` entries, so keys locked by a W&B sweep (e.g.
-``objective``) never hide the composed groups' values.
+The composed config is logged as a flat dict of dotted keys plus ``choice.<group>`` entries, so
+keys locked by a W&B sweep (e.g. ``objective``) never hide the composed groups' values. Closing a
+W&B run with the run's exit code: ``wandb_runs.finish``.
 """
 
 from __future__ import annotations
@@ -72,12 +72,6 @@ def build_logger(
     if isinstance(logger, pl_loggers.WandbLogger):
         wandb_runs.remember_id(logger, run_dir / ".wandb_id")
     return logger
-
-
-def finish_logger(logger: Logger | bool, exit_code: int = 0) -> None:
-    """Close the run's logger with the run's exit code (``wandb_runs.finish``; other loggers need
-    nothing)."""
-    wandb_runs.finish(logger, exit_code)
 
 
 def log_interval(trainer: Any) -> int:

@@ -27,10 +27,10 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.runtime import hydra
+from pretrainlab.runtime import hydra, wandb_runs
 from pretrainlab.runtime.console import quiet_third_parties
 from pretrainlab.runtime.devices import set_matmul_precision
-from pretrainlab.runtime.loggers import build_logger, finish_logger
+from pretrainlab.runtime.loggers import build_logger
 from pretrainlab.runtime.malloc import keep_freed_memory
 
 
@@ -81,7 +81,7 @@ class RunScript:
         return self.logger
 
     def finish(self) -> None:
-        finish_logger(self.logger, self.exit_code)
+        wandb_runs.finish(self.logger, self.exit_code)
         if self._file_handler is not None:
             logging.getLogger().removeHandler(self._file_handler)
             self._file_handler.close()
