@@ -91,6 +91,19 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
         result = json.loads((root / "pretrain" / f"{objective}-s0" / "glue" / "rte" / "seed0.json").read_text())
         assert result["label"] == objective and result["pretrained"]["objective"] == objective
     assert all(1.5e11 <= f < 1.5e11 * 1.2 for f in flops.values()), flops  # the same budget for both
+    # what it cost: every run's recorded training seconds, and every results file's runtime once
+    # (4 encoders x 2 tasks, their 4 snapshots, scratch's 2)
+    cost = json.loads((root / "report" / "cost.json").read_text())
+    recorded = {
+        r: json.loads((root / "pretrain" / r / "encoder" / "config.json").read_text())["pretraining"]["seconds"]
+        for r in ("electra-s0", "electra-s1", "roberta-s0", "roberta-s1")
+    }
+    assert {r["run"]: r["seconds"] for r in cost["pretraining"]} == recorded and all(s > 0 for s in recorded.values())
+    runtimes = [json.loads(p.read_text())["runtime_s"] for p in (root / "pretrain").rglob("seed0.json")]
+    assert {t: e["runs"] for t, e in cost["evaluation"].items()} == {"cola": 9, "rte": 9} and len(runtimes) == 18
+    assert cost["evaluation_s"] == pytest.approx(sum(runtimes))
+    assert cost["total_s"] == pytest.approx(sum(recorded.values()) + sum(runtimes))
+    assert "| roberta-s1 |" in (root / "report" / "cost.md").read_text()
     assert (root / "pretrain" / "roberta-s0" / "glue-scratch" / "cola" / "seed0.json").is_file()
     # both pretraining seeds of each objective are in its row: the spread over them is reported
     for objective in ("roberta", "electra"):

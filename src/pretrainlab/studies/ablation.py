@@ -12,7 +12,8 @@
                                                     .csv with snapshots; learning.md (each run's heads
                                                     beside their trivial baselines); learning-curves
                                                     .md / .png (when each head left it); intrinsic.md
-                                                    (held-out metrics, the NSP/SOP cross-check)
+                                                    (held-out metrics, the NSP/SOP cross-check);
+                                                    cost.md (each run's and evaluation's seconds)
 
 Once pretraining is done, and before any fine-tuning, every run's heads are scored on the held-out
 documents beside their trivial baselines (``objectives.learning``): a run still at its baseline is
@@ -39,7 +40,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pretrainlab.compare import collect, is_final, to_markdown, write_report
-from pretrainlab.config import plain
+from pretrainlab.config import ConfigError, plain
 from pretrainlab.evaluation.tasks import get as get_task
 from pretrainlab.glue.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
@@ -50,6 +51,7 @@ from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
+from pretrainlab.studies.cost import RESULT_DIRS, cost_report
 from pretrainlab.studies.intrinsic import (
     at_baseline,
     intrinsic_markdown,
@@ -58,12 +60,12 @@ from pretrainlab.studies.intrinsic import (
     learning_preface,
     learning_report,
 )
+from pretrainlab.studies.parallel import check_jobs, run_parallel
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
 
 
-RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
 # what each entry of a study's ``evals`` evaluates (glue: the tasks of glue.tasks)
 EVALS = {"ner": ["ner"], "blimp": ["blimp"], "probes": ["probe_ner", "probe_sst2"]}
 
@@ -178,6 +180,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         gcfg = suite_cfg(encoder, init)
         plan_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides))
 
+    pending = []
     for run_dir, train_cfg, choices, done in planned:
         name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
         if done:
@@ -185,7 +188,18 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
             continue
         if train_cfg.ckpt_path:
             log.info("pretraining %s: resuming from %s", name, train_cfg.ckpt_path)
-        pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
+        pending.append((run_dir, train_cfg, choices))
+    for run_dir, train_cfg, _ in pending:  # every run's settings are checked before the first one starts
+        try:
+            pretraining.validate(train_cfg)
+        except ValueError as e:
+            raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
+    jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in pending])
+    if jobs > 1 and len(pending) > 1:
+        run_parallel(pending, jobs, resume)
+    else:
+        for run_dir, train_cfg, choices in pending:
+            pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
 
     # what each run learned, before any fine-tuning: a run still at its trivial baseline is named now
     report = root / "report"
@@ -236,6 +250,10 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         )
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
+    cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)))
+    log.info(
+        "compute: pretraining %.0f s, evaluation %.0f s (report/cost.md)", cost["pretraining_s"], cost["evaluation_s"]
+    )
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}
     if wandb_runs.enabled(lcfg):

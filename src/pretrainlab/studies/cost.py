@@ -1,0 +1,109 @@
+"""What a study cost: the compute each of its pretraining runs and evaluations took, from what they
+recorded (``report/cost.md`` and ``cost.json``).
+
+- pretraining: each exported encoder's ``pretraining`` record (``encoder/config.json``): optimiser
+  steps, tokens, FLOPs and the seconds spent in training steps, summed over every resumption (the
+  validations every ``val_every`` steps, data preparation and the export are not in it);
+- evaluation: each results file's ``runtime_s`` (a fine-tuning run, a probe, a BLiMP scoring),
+  by task, over the final encoders, their snapshots and the scratch baseline.
+
+Seconds are wall-clock seconds of the process, on whatever machine ran it: a study resumed on other
+machines, or sharing one, adds up seconds that are not alike. Each results file is counted once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from pretrainlab import atomic
+from pretrainlab.glue.results import is_results_file
+
+RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
+
+
+def _pretraining(run: Path) -> dict | None:
+    config = run / "encoder" / "config.json"
+    if not config.is_file():
+        return None
+    record = json.loads(config.read_text()).get("pretraining") or {}
+    return {
+        "run": run.name,
+        "objective": record.get("objective"),
+        "steps": record.get("global_step"),
+        "tokens": record.get("tokens_seen"),
+        "flops": record.get("flops"),
+        "seconds": record.get("seconds"),
+    }
+
+
+def _results(run: Path) -> list[Path]:
+    tops = [run, *sorted((run / "snapshots").glob("*"))]
+    return sorted({p for top in tops for d in RESULT_DIRS for p in (top / d).rglob("*.json") if is_results_file(p)})
+
+
+def study_cost(runs: list[Path], jobs: int = 1) -> dict:
+    """The cost of the study whose pretraining runs are ``runs``, trained ``jobs`` at a time (see the
+    module docstring)."""
+    pretraining = [row for run in runs if (row := _pretraining(run)) is not None]
+    tasks: dict[str, dict[str, float]] = defaultdict(lambda: {"runs": 0, "seconds": 0.0})
+    for run in runs:
+        for path in _results(run):
+            result = json.loads(path.read_text())
+            tasks[result["task"]]["runs"] += 1
+            tasks[result["task"]]["seconds"] += float(result.get("runtime_s") or 0.0)
+    pretrain_s = sum(float(r["seconds"] or 0.0) for r in pretraining)
+    evaluation_s = sum(t["seconds"] for t in tasks.values())
+    return {
+        "pretraining": pretraining,
+        "evaluation": dict(sorted(tasks.items())),
+        "pretraining_s": pretrain_s,
+        "jobs": jobs,
+        "evaluation_s": evaluation_s,
+        "total_s": pretrain_s + evaluation_s,
+    }
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def cost_markdown(cost: dict) -> str:
+    lines = [
+        "# What this study cost",
+        "",
+        "Seconds of training steps per pretraining run (validation and data preparation not counted) and",
+        "the runtime every evaluation recorded, as measured on the machines that ran them.",
+        "",
+        "| pretraining run | steps | tokens | FLOPs | time |",
+        "|---|---|---|---|---|",
+    ]
+    for r in cost["pretraining"]:
+        tokens = f"{r['tokens'] / 1e6:.1f}M" if r["tokens"] else "–"
+        flops = f"{r['flops']:.2g}" if r["flops"] else "–"
+        lines.append(f"| {r['run']} | {r['steps']:,} | {tokens} | {flops} | {_hours(float(r['seconds'] or 0))} |")
+    lines += ["", "| evaluation | runs | time |", "|---|---|---|"]
+    for task, t in cost["evaluation"].items():
+        lines.append(f"| {task} | {t['runs']} | {_hours(t['seconds'])} |")
+    at_once = cost.get("jobs", 1)
+    overlap = (
+        f" ({at_once} runs at a time, each on its share of the cores: about "
+        f"{_hours(cost['pretraining_s'] / at_once)} of wall-clock time)"
+        if at_once > 1
+        else ""
+    )
+    lines += [
+        "",
+        f"Pretraining {_hours(cost['pretraining_s'])}{overlap}, evaluation {_hours(cost['evaluation_s'])}: "
+        f"**{_hours(cost['total_s'])}** in all.",
+    ]
+    return "\n".join(lines)
+
+
+def cost_report(runs: list[Path], out_dir: Path, jobs: int = 1) -> dict:
+    """``cost.json`` and ``cost.md`` in ``out_dir``; returns the cost."""
+    cost = study_cost(runs, jobs)
+    atomic.write_json(out_dir / "cost.json", cost)
+    atomic.write_text(out_dir / "cost.md", cost_markdown(cost) + "\n")
+    return cost

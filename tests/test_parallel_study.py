@@ -1,0 +1,137 @@
+"""A study's pretraining runs trained several at a time (``jobs``): each run in its own process, the
+same runs as one at a time, a failed run named with its log, and a signal passed on to every run in
+progress, which saves and resumes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SMALL, compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quoted(xs: list[str]) -> str:
+    return "[" + ",".join(f'"{x}"' for x in xs) + "]"
+
+
+def study_overrides(tmp_path: Path, pretrain: list[str], *extra: str) -> list[str]:
+    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.05", "task_overrides.epochs=1", "logger=csv"]
+    glue += ["trainer.enable_progress_bar=false", "task_overrides.max_seq_len=64"]
+    return [
+        "study=par",
+        f"output_root={tmp_path}",
+        "objectives=[roberta,bert]",
+        "seeds=[0]",
+        f"pretrain={quoted([*SMALL, 'data.num_documents=200', *pretrain])}",
+        "glue.tasks=[rte]",
+        "glue.seeds=[0]",
+        f"glue.overrides={quoted(glue)}",
+        "intrinsic=false",
+        *extra,
+    ]
+
+
+def test_jobs_is_checked_before_anything_runs():
+    from pretrainlab.studies.parallel import check_jobs
+
+    one = compose_config("train")
+    assert check_jobs(2, [one, one]) == 2
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="number of pretraining runs to train at once"):
+            check_jobs(bad, [one])
+    several = compose_config("train", "trainer.devices=2")
+    with pytest.raises(ValueError, match="parallel already; set jobs=1"):
+        check_jobs(2, [one, several])
+    assert check_jobs(1, [several]) == 1
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkeypatch):
+    """With jobs=2 both runs are trained, each in its own process with its log; the same study with
+    jobs=1 then finds them finished and made with its own settings, and redoes nothing."""
+    from pretrainlab.studies.ablation import run_study
+
+    overrides = study_overrides(tmp_path, ["max_steps=30", "checkpoint_every=10", "val_every=30"])
+    table = run_study(compose_config("ablate", *overrides, "jobs=2"))
+    root = tmp_path / "par" / "pretrain"
+    for run in ("roberta-s0", "bert-s0"):
+        assert (root / run / "encoder" / "config.json").is_file()
+        log = (root / f"{run}.log").read_text()
+        assert "finished: step 30" in log and f"exported encoder -> {root / run / 'encoder'}" in log, log[-2000:]
+    assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
+    cost = (tmp_path / "par" / "report" / "cost.md").read_text()
+    assert "(2 runs at a time, each on its share of the cores" in cost
+
+    def fail(*a, **k):
+        raise AssertionError("finished work was redone")
+
+    monkeypatch.setattr("pretrainlab.pretraining.run.run", fail)
+    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
+    monkeypatch.setattr("pretrainlab.studies.parallel.run_parallel", fail)
+    again = run_study(compose_config("ablate", *overrides, "jobs=1"))
+    assert again["labels"] == table["labels"]
+
+
+def test_every_runs_settings_are_checked_before_the_first_run_starts(tmp_path):
+    from pretrainlab.config import ConfigError
+    from pretrainlab.studies.ablation import run_study
+
+    overrides = study_overrides(tmp_path, ["max_steps=20"], f"+objective_overrides.bert={quoted(['optim.lr=-1.0'])}")
+    with pytest.raises(ConfigError, match="pretraining run bert-s0 of the study: optim.lr=-1.0: must be positive"):
+        run_study(compose_config("ablate", *overrides))
+    assert not (tmp_path / "par" / "pretrain" / "roberta-s0" / "checkpoints").exists()  # nothing trained
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_named_with_its_log_and_the_other_run_finishes(tmp_path):
+    from pretrainlab.studies.ablation import run_study
+
+    overrides = study_overrides(
+        tmp_path,
+        ["max_steps=20", "checkpoint_every=10", "val_every=20"],
+        "jobs=2",
+        # a run that fails once started: it is told to resume from a checkpoint it does not have
+        f"+objective_overrides.bert={quoted(['ckpt_path=last'])}",
+    )
+    with pytest.raises(RuntimeError) as failed:
+        run_study(compose_config("ablate", *overrides))
+    message = str(failed.value)
+    root = tmp_path / "par" / "pretrain"
+    assert "pretraining bert seed 0 failed with exit status 1" in message
+    assert str(root / "bert-s0.log") in message and "ckpt_path=last: no checkpoint" in message  # its log's end
+    assert "continue the study with" in message
+    assert (root / "roberta-s0" / "encoder" / "config.json").is_file()
+    assert not (root / "bert-s0" / "encoder").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_resumes(tmp_path):
+    """SIGTERM to the study while both runs train: each saves a checkpoint and stops, the study exits
+    143 with the command that continues it; that command resumes both runs from their checkpoints."""
+    overrides = study_overrides(tmp_path, ["max_steps=400", "checkpoint_every=5", "val_every=400"], "jobs=2")
+    command = [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides]
+    root = tmp_path / "par" / "pretrain"
+    study = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not all((root / r / "checkpoints" / "last.ckpt").is_file() for r in ("roberta-s0", "bert-s0")):
+        assert study.poll() is None and time.time() < deadline, study.communicate()[0][-3000:]
+        time.sleep(0.5)
+    os.kill(study.pid, signal.SIGTERM)
+    out = study.communicate(timeout=300)[0]
+    assert study.returncode == 143, out[-3000:]
+    assert "Continue it with" in out and "stopped at its last checkpoint" in out, out[-3000:]
+    for run in ("roberta-s0", "bert-s0"):
+        assert not (root / run / "encoder").exists()  # stopped before the end of its 400 steps
+        assert (root / run / "checkpoints" / "last.ckpt").is_file()
+        assert "saved" in (root / f"{run}.log").read_text().lower()
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming from" in again.stdout + again.stderr
+    for run in ("roberta-s0", "bert-s0"):
+        assert (root / run / "encoder" / "config.json").is_file()
