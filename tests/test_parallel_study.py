@@ -43,7 +43,7 @@ def test_jobs_is_checked_before_anything_runs():
     one = compose_config("train")
     assert check_jobs(2, [one, one]) == 2
     for bad in (0, -1, 1.5, "2", True):
-        with pytest.raises(ValueError, match="number of pretraining runs to train at once"):
+        with pytest.raises(ValueError, match="number of runs to train at once"):
             check_jobs(bad, [one])
     several = compose_config("train", "trainer.devices=2")
     with pytest.raises(ValueError, match="parallel already; set jobs=1"):
@@ -62,11 +62,15 @@ def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkey
     root = tmp_path / "par" / "pretrain"
     for run in ("roberta-s0", "bert-s0"):
         assert (root / run / "encoder" / "config.json").is_file()
-        log = (root / f"{run}.log").read_text()
+        log = (tmp_path / "par" / "logs" / f"pretrain-{run}.log").read_text()
         assert "finished: step 30" in log and f"exported encoder -> {root / run / 'encoder'}" in log, log[-2000:]
     assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
     cost = (tmp_path / "par" / "report" / "cost.md").read_text()
     assert "(2 runs at a time, each on its share of the cores" in cost
+    # the three encoders' suites (two pretrained, scratch) ran in processes of their own, with their logs
+    for label in ("roberta-s0", "bert-s0", "roberta-s0-scratch"):
+        log = (tmp_path / "par" / "logs" / f"evaluate-{label}.log").read_text()
+        assert "rte" in log, log[-2000:]
 
     def fail(*a, **k):
         raise AssertionError("finished work was redone")
@@ -103,8 +107,11 @@ def test_a_failed_run_is_named_with_its_log_and_the_other_run_finishes(tmp_path)
         run_study(compose_config("ablate", *overrides))
     message = str(failed.value)
     root = tmp_path / "par" / "pretrain"
-    assert "pretraining bert seed 0 failed with exit status 1" in message
-    assert str(root / "bert-s0.log") in message and "ckpt_path=last: no checkpoint" in message  # its log's end
+    assert "pretraining bert seed 0 failed with exit status 1" in message, message
+    assert (
+        str(tmp_path / "par" / "logs" / "pretrain-bert-s0.log") in message
+        and "ckpt_path=last: no checkpoint" in message
+    )  # its log's end
     assert "continue the study with" in message
     assert (root / "roberta-s0" / "encoder" / "config.json").is_file()
     assert not (root / "bert-s0" / "encoder").exists()
@@ -125,11 +132,11 @@ def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_res
     os.kill(study.pid, signal.SIGTERM)
     out = study.communicate(timeout=300)[0]
     assert study.returncode == 143, out[-3000:]
-    assert "Continue it with" in out and "stopped at its last checkpoint" in out, out[-3000:]
+    assert "Continue it with" in out and out.count("stopped (exit status 143; log:") == 2, out[-3000:]
     for run in ("roberta-s0", "bert-s0"):
         assert not (root / run / "encoder").exists()  # stopped before the end of its 400 steps
         assert (root / run / "checkpoints" / "last.ckpt").is_file()
-        assert "saved" in (root / f"{run}.log").read_text().lower()
+        assert "saved" in (tmp_path / "par" / "logs" / f"pretrain-{run}.log").read_text().lower()
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming from" in again.stdout + again.stderr

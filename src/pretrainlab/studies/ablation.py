@@ -60,7 +60,7 @@ from pretrainlab.studies.intrinsic import (
     learning_preface,
     learning_report,
 )
-from pretrainlab.studies.parallel import check_jobs, run_parallel
+from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel, suite_work
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
@@ -82,6 +82,13 @@ def study_tasks(cfg: DictConfig) -> list[str]:
         )
     tasks = [t for e in evals for t in (list(cfg.glue.tasks) if e == "glue" else EVALS[e])]
     return list(dict.fromkeys(get_task(t).name for t in tasks))
+
+
+def suite_label(root: Path, encoder: Path, init: str) -> str:
+    """A study's name for an encoder's evaluation: roberta-s0, roberta-s0-scratch, roberta-s0-snapshot-0.5."""
+    parts = encoder.relative_to(root / "pretrain").parts
+    label = parts[0] if len(parts) == 1 else f"{parts[0]}-snapshot-{parts[-1]}"
+    return f"{label}-scratch" if init == "scratch" else label
 
 
 def _set_group(cfg: DictConfig, group: str) -> None:
@@ -196,7 +203,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
             raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
     jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in pending])
     if jobs > 1 and len(pending) > 1:
-        run_parallel(pending, jobs, resume)
+        run_parallel([pretraining_work(r, c, ch, root / "logs") for r, c, ch in pending], jobs, resume)
     else:
         for run_dir, train_cfg, choices in pending:
             pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
@@ -215,8 +222,19 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
                     fraction,
                     list(fractions),
                 )
-    for encoder, init in encoders():
-        gcfg = suite_cfg(encoder, init)
+    suites = [(encoder, init, suite_cfg(encoder, init)) for encoder, init in encoders()]
+    unfinished = [
+        (encoder, init, gcfg)
+        for encoder, init, gcfg in suites
+        if any(job.done is None for job in plan_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides))[1])
+    ]
+    if jobs > 1 and len(unfinished) > 1:
+        work = [
+            suite_work(suite_label(root, encoder, init), g, tasks, seeds, plain(g.task_overrides), root / "logs")
+            for encoder, init, g in unfinished
+        ]
+        run_parallel(work, jobs, resume)
+    for _, _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
         run_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an

@@ -1,19 +1,21 @@
-"""Several pretraining runs of a study at once (``jobs`` in conf/ablate.yaml), each in its own process
-with an equal share of the CPU cores.
+"""Several pretraining runs, or evaluation suites, of a study at once (``jobs`` in conf/ablate.yaml),
+each in its own process with an equal share of the CPU cores.
 
-A small encoder does not keep two cores busy with one run: on a 2-core CPU two ``model=tiny`` runs
-with a thread each train at 1.8x the rate of one run with both threads (docs/learning.md). Each run
-is the same as it would be one at a time (its config, directory, checkpoints, export), except that
-its arithmetic uses fewer threads, which moves CPU results within their noise.
+A small encoder does not keep two cores busy: on a 2-core CPU two ``model=tiny`` runs with a core
+each train faster together than one run with both cores, one after the other (docs/studies.md). Each
+run is the same as it would be one at a time (its config, directory, checkpoints, export; an
+evaluation suite its results), except that its arithmetic uses fewer threads, which moves CPU results
+within their noise.
 
-Every run writes its console output to ``<study>/pretrain/<run>.log``. A run that fails stops the
-study once the runs in progress have finished, naming the run, its exit status and its log. A
-SIGTERM or Ctrl-C to the study is passed on to every run in progress as one SIGTERM: each finishes
-its optimizer step, saves its checkpoint and exits, and the study exits with the command that
-continues it. The runs are started in their own sessions, so that a terminal's Ctrl-C reaches them
-only through the study, once.
+Each process writes its console output to ``<study>/logs/pretrain-<run>.log`` or
+``evaluate-<encoder>.log``. One that fails stops the study once those in progress have finished,
+naming it, its exit status and its log. A SIGTERM or Ctrl-C to the study is passed on to every
+process as one SIGTERM: a pretraining run finishes its optimizer step, saves its checkpoint and
+exits, a fine-tuning run stops without results; the study exits with the command that continues
+it. The processes are started in their own sessions, so that a terminal's Ctrl-C reaches them only
+through the study, once.
 
-    python -m pretrainlab.studies.parallel <spec.yaml>   # one run (what the study starts)
+    python -m pretrainlab.studies.parallel <spec.yaml>   # one piece of work (what the study starts)
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -44,7 +48,7 @@ def check_jobs(jobs: int, configs: list[DictConfig]) -> int:
     """``jobs``, checked: a positive integer, and 1 for runs that train on several devices (each such
     run is already parallel, and several of them would compete for the same devices)."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: give the number of pretraining runs to train at once, 1 or more.")
+        raise ValueError(f"jobs={jobs!r}: give the number of runs to train at once, 1 or more.")
     several = [c for c in configs if str(c.trainer.get("devices", 1)) not in ("1", "auto")]
     if jobs > 1 and several:
         raise ValueError(
@@ -61,29 +65,49 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def run_parallel(planned: list[tuple[Path, DictConfig, dict]], jobs: int, resume_hint: str) -> None:
-    """Pretrain every (run directory, composed config, choices) of ``planned``, ``jobs`` at a time,
-    each with ``cores() // jobs`` threads (at least one)."""
+@dataclass
+class Work:
+    """One process's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices) or an
+    encoder's evaluation suite (``kind="suite"``: cfg, tasks, seeds, task_overrides)."""
+
+    name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
+    kind: str
+    cfg: DictConfig
+    spec: dict
+    log: Path
+
+
+def pretraining_work(run_dir: Path, cfg: DictConfig, choices: dict, logs: Path) -> Work:
+    spec = {"run_dir": str(run_dir), "choices": dict(choices)}
+    name = f"pretraining {cfg.objective.name} seed {cfg.seed}"
+    return Work(name, "pretrain", cfg, spec, logs / f"pretrain-{run_dir.name}.log")
+
+
+def suite_work(label: str, cfg: DictConfig, tasks: list[str], seeds: list[int], overrides: dict, logs: Path) -> Work:
+    spec = {"tasks": list(tasks), "seeds": list(seeds), "task_overrides": overrides}
+    return Work(f"evaluating {label}", "suite", cfg, spec, logs / f"evaluate-{label}.log")
+
+
+def run_parallel(work: list[Work], jobs: int, resume_hint: str) -> None:
+    """Do every piece of ``work``, ``jobs`` processes at a time, each with ``cores() // jobs``
+    threads (at least one)."""
     threads = max(1, cores() // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    queue = list(planned)
-    running: dict[subprocess.Popen, tuple[str, Path]] = {}
-    failed: list[tuple[str, int, Path]] = []
+    queue = list(work)
+    running: dict[subprocess.Popen, Work] = {}
+    failed: list[tuple[Work, int]] = []
     with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp:
         try:
             while queue or running:
                 while queue and len(running) < jobs and not failed:
-                    run_dir, cfg, choices = queue.pop(0)
-                    spec = Path(tmp) / f"{run_dir.name}.yaml"
-                    OmegaConf.save(
-                        OmegaConf.create(
-                            {"cfg": cfg, "run_dir": str(run_dir), "choices": dict(choices), "resume": resume_hint}
-                        ),
-                        spec,
-                    )
-                    log_path = run_dir.parent / f"{run_dir.name}.log"
-                    log_path.parent.mkdir(parents=True, exist_ok=True)
-                    with open(log_path, "ab") as out:
+                    item = queue.pop(0)
+                    spec, cfg = Path(tmp) / f"{len(queue)}.yaml", Path(tmp) / f"{len(queue)}.cfg.yaml"
+                    # the config in a file of its own: its interpolations (${task.lr}, ...) start at its root
+                    OmegaConf.save(item.cfg, cfg)
+                    meta = {**item.spec, "kind": item.kind, "cfg": str(cfg), "resume": resume_hint}
+                    OmegaConf.save(OmegaConf.create(meta), spec)
+                    item.log.parent.mkdir(parents=True, exist_ok=True)
+                    with open(item.log, "ab") as out:
                         proc = subprocess.Popen(
                             [sys.executable, "-m", "pretrainlab.studies.parallel", str(spec)],
                             stdout=out,
@@ -91,41 +115,47 @@ def run_parallel(planned: list[tuple[Path, DictConfig, dict]], jobs: int, resume
                             env=env,
                             start_new_session=True,
                         )
-                    name = f"{cfg.objective.name} seed {cfg.seed}"
-                    running[proc] = (name, log_path)
-                    log.info("pretraining %s: started, %d thread(s) (log: %s)", name, threads, log_path)
+                    running[proc] = item
+                    log.info("%s: started, %d thread(s) (log: %s)", item.name, threads, item.log)
                 time.sleep(0.5)
                 for proc in [p for p in running if p.poll() is not None]:
-                    name, log_path = running.pop(proc)
+                    item = running.pop(proc)
                     if proc.returncode == 0:
-                        log.info("pretraining %s: done", name)
+                        log.info("%s: done", item.name)
                     else:
-                        failed.append((name, proc.returncode, log_path))
-                        log.error("pretraining %s failed (exit status %d): see %s", name, proc.returncode, log_path)
+                        failed.append((item, proc.returncode))
+                        log.error("%s failed (exit status %d): see %s", item.name, proc.returncode, item.log)
                 if failed and not running:
                     break
-        except BaseException:  # the study's SIGTERM (SystemExit) or Ctrl-C: every run saves and stops
+        except BaseException:  # the study's SIGTERM (SystemExit) or Ctrl-C: every process saves and stops
             for proc in running:
                 proc.send_signal(signal.SIGTERM)
-            for proc, (name, _) in running.items():
+            for proc, item in running.items():
                 proc.wait()
-                log.warning("pretraining %s: stopped at its last checkpoint (exit status %d)", name, proc.returncode)
+                log.warning("%s: stopped (exit status %d; log: %s)", item.name, proc.returncode, item.log)
             raise
     if failed:
-        name, code, log_path = failed[0]
+        item, code = failed[0]
         raise RuntimeError(
-            f"pretraining {name} failed with exit status {code}; the end of {log_path}:\n{_tail(log_path)}\n"
+            f"{item.name} failed with exit status {code}; the end of {item.log}:\n{_tail(item.log)}\n"
             f"Fix what it names, then continue the study with:\n  {resume_hint}"
         )
 
 
 def _main(spec_path: str) -> None:
     import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+    from pretrainlab.config import plain
     from pretrainlab.pretraining import run as pretraining
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     spec = OmegaConf.load(spec_path)
-    pretraining.run(spec.cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
+    cfg = cast(DictConfig, OmegaConf.load(spec.cfg))
+    if spec.kind == "pretrain":
+        pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
+    else:
+        from pretrainlab.studies.suite import run_suite
+
+        run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
 
 
 if __name__ == "__main__":
