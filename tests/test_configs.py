@@ -200,6 +200,31 @@ def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
     assert glue.glue.max_train_examples is None and glue.trainer.accelerator == "gpu"
 
 
+def test_the_cpu_study_plans_the_masked_lms_with_three_seeds_at_the_budget_its_docs_state(tmp_path):
+    """conf/ablate_cpu.yaml: three masked LMs x three seeds, bf16 on the CPU, each to 1.7e14 FLOPs; the
+    tokens its comment states follow from the objectives' own FLOPs per token."""
+    from pretrainlab.studies.ablation import _pretraining_runs, study_tasks
+
+    cfg = compose_config("ablate_cpu", "corpus=books", "glue_dir=glue", f"output_root={tmp_path}")
+    planned = _pretraining_runs(cfg, tmp_path / cfg.study, list(cfg.objectives), [])
+    assert sorted(p[0].name for p in planned) == sorted(
+        f"{o}-s{s}" for o in ("bert", "albert", "roberta") for s in (0, 1, 2)
+    )
+    for _, train_cfg, _, _ in planned:
+        assert train_cfg.trainer.accelerator == "auto" and train_cfg.trainer.precision == "bf16-mixed"
+        assert train_cfg.budget.flops == 1.7e14 and train_cfg.batch_size == 32 and train_cfg.data.files == ["books"]
+        assert train_cfg.tokenizer.vocab_size == 8192 and not train_cfg.snapshots
+        encoder_config = instantiate(train_cfg.model, vocab_size=8192)
+        assert (encoder_config.hidden_size, encoder_config.num_layers) == (128, 2)
+        tokens = SpecialTokens(8192, 0, 1, 2, 3, 4, np.zeros(8192, dtype=bool))
+        with torch.device("meta"):
+            obj = build_objective(train_cfg, encoder_config, tokens)
+        budget_tokens = train_cfg.budget.flops / obj.flops_per_token(encoder_config, train_cfg.max_seq_len)
+        assert 60e6 < budget_tokens < 65e6, (obj.name, budget_tokens)
+    assert study_tasks(cfg) == ["cola", "sst2", "mrpc", "stsb", "rte", "blimp", "probe_ner", "probe_sst2"]
+    assert cfg.baseline == "bert" and "electra" not in cfg.objectives
+
+
 @pytest.mark.parametrize("name", PRIMARY)
 def test_every_top_level_key_can_be_set_from_the_command_line(name):
     """Hydra reads `key=value` as a config-group choice when conf/<key>/ exists: a plain value named after
