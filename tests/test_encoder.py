@@ -194,3 +194,145 @@ def test_the_cpu_fast_paths_are_chosen_in_eager_mode_on_a_cpu_only():
     traced = torch.compile(lambda t: t + (1.0 if eager_cpu(t) else 2.0), backend="eager", fullgraph=True)
     assert torch.equal(traced(x), torch.full((3,), 2.0))
     assert not eager_cpu(torch.zeros(3, device="meta"))
+
+
+def _patterned(pre_ln=False, heads=4, layers=2, dropout=0.0):
+    torch.manual_seed(0)
+    cfg = EncoderConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=64,
+        pre_layer_norm=pre_ln,
+        hidden_dropout=0.0,
+        attention_dropout=dropout,
+    )
+    return Encoder(cfg).eval()
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_a_causal_pattern_hides_every_later_token_and_per_head_masks_act_per_head(pre_ln):
+    enc = _patterned(pre_ln)
+    ids = torch.randint(5, 60, (3, 10))
+    causal = torch.ones(10, 10, dtype=torch.bool).tril().expand(3, 10, 10)
+    out = enc(ids, attention_mask=causal).hidden_states
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 7) % 55 + 5
+    again = enc(changed, attention_mask=causal).hidden_states
+    torch.testing.assert_close(again[:, :6], out[:, :6], atol=1e-6, rtol=1e-6)  # positions 0-5 see 0-5 only
+    assert not torch.allclose(again[:, 6:], out[:, 6:], atol=1e-3)
+    # the same pattern for every head, given per head, is the same pattern
+    per_head = causal[:, None].expand(3, 4, 10, 10)
+    torch.testing.assert_close(enc(ids, attention_mask=per_head).hidden_states, out, atol=1e-6, rtol=1e-6)
+    # a padding mask and the pattern it stands for give the same encoder
+    pad = torch.ones(3, 10)
+    pad[1, 7:] = 0
+    as_pattern = pad.bool()[:, None, :].expand(3, 10, 10)
+    torch.testing.assert_close(
+        enc(ids, attention_mask=as_pattern).hidden_states[pad.bool()],
+        enc(ids, attention_mask=pad).hidden_states[pad.bool()],
+        atol=1e-6,
+        rtol=1e-6,
+    )
+    # a head that may see everything and heads that are causal differ from all-causal
+    mixed = per_head.clone()
+    mixed[:, 0] = True
+    assert not torch.allclose(enc(ids, attention_mask=mixed).hidden_states[:, :6], out[:, :6], atol=1e-4)
+    with pytest.raises(ValueError, match=r"heads 1 or 4"):
+        enc(ids, attention_mask=torch.ones(3, 2, 10, 10, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("shape", ["padding", "example", "head"])
+def test_cpu_attention_fast_path_is_the_attention_math_for_every_mask_shape(monkeypatch, shape):
+    import pretrainlab.model.attention as attention_module
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 7, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
+    full = torch.rand(2, 4, 7, 9) > 0.4
+    full[..., 0] = True  # every query row sees a key
+    mask = {"padding": full[:, :1, :1], "example": full[:, :1], "head": full}[shape]
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    monkeypatch.setattr(attention_module, "dropout", lambda x, p, training=True: x)
+    torch.testing.assert_close(attention_module.attention(q, k, v, mask, 0.1), reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_the_query_stream_is_one_layer_of_the_encoder_by_hand(pre_ln):
+    """A one-layer encoder: the query rows are the layer's own arithmetic on g with keys and values
+    from the content stream, under their mask; the content stream is as without them."""
+    import torch.nn.functional as F
+
+    enc = _patterned(pre_ln, heads=2, layers=1)
+    layer = enc.layers[0]
+    ids = torch.randint(5, 60, (2, 6))
+    g = torch.randn(2, 3, 32)
+    seen = torch.rand(2, 3, 6) > 0.5
+    seen[..., 0] = True
+    out = enc(ids, queries=g, query_mask=seen)
+    x = enc.embeddings(ids)
+    a = layer.attention
+    normed_x, normed_g = (layer.attention_norm(x), layer.attention_norm(g)) if pre_ln else (x, g)
+    w, b = a.qkv.weight, a.qkv.bias
+    q = F.linear(normed_g, w[:32], b[:32]).view(2, 3, 2, 16).transpose(1, 2)
+    k = F.linear(normed_x, w[32:64], b[32:64]).view(2, 6, 2, 16).transpose(1, 2)
+    v = F.linear(normed_x, w[64:], b[64:]).view(2, 6, 2, 16).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2) / 4.0).masked_fill(~seen[:, None], float("-inf"))
+    y = a.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 3, 32))
+    if pre_ln:
+        h = g + y
+        h = h + layer.ffn(layer.ffn_norm(h))
+        h = enc.final_norm(h)
+    else:
+        h = layer.attention_norm(g + y)
+        h = layer.ffn_norm(h + layer.ffn(h))
+    torch.testing.assert_close(out.queries, h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.hidden_states, enc(ids).hidden_states, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_two_stream_attention_with_permutation_masks_never_lets_a_target_see_itself(train):
+    """XLNet's masks (objectives.permutation) through the encoder: a target's query row depends on no
+    token at or after its own place in the order, its own above all; a content row on none after its
+    place. In training too (the CPU fast path), with dropout drawn alike for both inputs."""
+    from pretrainlab.objectives.permutation import factorisation_order, two_stream_masks
+
+    enc = _patterned(layers=3, dropout=0.1 if train else 0.0).train(train)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 60, (4, 12), generator=gen)
+    pad = torch.ones(4, 12, dtype=torch.long)
+    pad[2, 9:] = 0
+    order = factorisation_order(pad.bool(), 0.5, gen)
+    content, query = two_stream_masks(order, pad)
+    targets = [(i, j) for i in range(4) for j in range(12) if order[i, j] >= 0]
+    g = torch.randn(4, 12, 32)  # a query row per position; those of the context are not read
+
+    def run(x):
+        torch.manual_seed(5)
+        return enc(x, attention_mask=content, queries=g, query_mask=query)
+
+    out = run(ids)
+    for i, j in targets[:6]:
+        changed = ids.clone()
+        later = order[i] >= order[i, j]  # its own place and every later one
+        changed[i, later] = (changed[i, later] + 11) % 55 + 5
+        again = run(changed)
+        torch.testing.assert_close(again.queries[i, j], out.queries[i, j], atol=1e-5, rtol=1e-5)
+        seen = order[i] < order[i, j]
+        torch.testing.assert_close(again.hidden_states[i, seen], out.hidden_states[i, seen], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(again.hidden_states[i, j], out.hidden_states[i, j], atol=1e-4)  # content sees itself
+
+
+def test_rows_and_queries_together_give_the_rows_of_the_full_forward():
+    enc = _patterned(layers=2)
+    ids = torch.randint(5, 60, (2, 8))
+    causal = torch.ones(8, 8, dtype=torch.bool).tril().expand(2, 8, 8)
+    g, seen = torch.randn(2, 3, 32), torch.ones(2, 3, 8, dtype=torch.bool).tril(diagonal=2)
+    full = enc(ids, attention_mask=causal, queries=g, query_mask=seen)
+    rows = torch.tensor([[7, 2], [0, 5]])
+    part = enc(ids, attention_mask=causal, rows=rows, queries=g, query_mask=seen)
+    torch.testing.assert_close(part.hidden_states, full.hidden_states.gather(1, rows[:, :, None].expand(-1, -1, 32)))
+    torch.testing.assert_close(part.queries, full.queries)
+    torch.testing.assert_close(part.pooled, full.pooled)
+    with pytest.raises(ValueError, match="query_mask"):
+        enc(ids, queries=g)

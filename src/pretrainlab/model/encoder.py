@@ -116,6 +116,7 @@ class EncoderOutput(NamedTuple):
     hidden_states: torch.Tensor  # (batch, seq, hidden)
     pooled: torch.Tensor | None  # (batch, hidden): tanh(dense([CLS])), when the config has a pooler
     layers: tuple[torch.Tensor, ...] | None = None  # with all_layers: the embeddings' output, then each layer's
+    queries: torch.Tensor | None = None  # with queries: the second stream's last layer (batch, n, hidden)
 
 
 class Embeddings(nn.Module):
@@ -154,17 +155,63 @@ class Layer(nn.Module):
         return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, rows: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+        queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(batch, seq, hidden) -> the same. With ``rows`` ((batch, slots) positions in each sequence)
         every position is still attended to, but only those query, and only they go through the
-        feed-forward: (batch, slots, hidden)."""
+        feed-forward: (batch, slots, hidden). With ``queries`` ((batch, n, hidden), a second stream)
+        its rows follow those of ``x`` through the same attention (keys and values from ``x`` alone)
+        and feed-forward: the output has n more rows, and ``attn_mask`` a row for each."""
         residual = x if rows is None else gather_rows(x, rows)
+        if queries is not None:
+            residual = torch.cat([residual, queries], dim=1)
         if self.pre_ln:
-            x = residual + self.dropout(self.attention(self.attention_norm(x), attn_mask, rows))
-            return x + self.dropout(self.ffn(self.ffn_norm(x)))
-        x = self.attention_norm(residual + self.dropout(self.attention(x, attn_mask, rows)))
-        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+            normed = None if queries is None else self.attention_norm(queries)
+            y = residual + self.dropout(self.attention(self.attention_norm(x), attn_mask, rows, normed))
+            return y + self.dropout(self.ffn(self.ffn_norm(y)))
+        y = self.attention_norm(residual + self.dropout(self.attention(x, attn_mask, rows, queries)))
+        return self.ffn_norm(y + self.dropout(self.ffn(y)))
+
+
+def attention_pattern(attention_mask: torch.Tensor | None, num_heads: int) -> torch.Tensor | None:
+    """The bool mask the layers take (True: the query may attend the key), from what
+    :meth:`Encoder.forward` accepts: (batch, seq) padding (1 real, 0 padding) -> (batch, 1, 1, seq);
+    (batch, queries, seq) a pattern per example -> (batch, 1, queries, seq); (batch, heads or 1,
+    queries, seq) as it is."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 2:
+        return attention_mask.bool()[:, None, None, :]
+    if attention_mask.dim() == 3:
+        return attention_mask.bool()[:, None]
+    if attention_mask.dim() == 4 and attention_mask.shape[1] in (1, num_heads):
+        return attention_mask.bool()
+    raise ValueError(
+        f"attention_mask of shape {tuple(attention_mask.shape)}: give (batch, seq) padding, (batch, queries, "
+        f"seq) or (batch, heads, queries, seq) with heads 1 or {num_heads}."
+    )
+
+
+def two_streams(mask: torch.Tensor | None, query_mask: torch.Tensor, b: int, rows: int, t: int) -> torch.Tensor:
+    """One mask for a layer's two streams of query rows: ``mask`` (the first stream's ``rows`` rows, as
+    :func:`attention_pattern` gives it; None: every key) above ``query_mask`` (the second's), both
+    (batch, heads or 1, rows or 1, t)."""
+    first = torch.ones(b, 1, 1, t, dtype=torch.bool, device=query_mask.device) if mask is None else mask
+    heads = max(first.shape[1], query_mask.shape[1])
+    return torch.cat([first.expand(b, heads, rows, t), query_mask.expand(b, heads, -1, t)], dim=2)
+
+
+def mask_rows(mask: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
+    """A mask's rows for the queries ``rows`` ((batch, slots) positions) alone: a mask with one row for
+    every query is gathered; one whose single row serves every query is returned as it is."""
+    if mask is None or rows is None or mask.shape[2] == 1:
+        return mask
+    b, mh, _, t = mask.shape
+    return mask.gather(2, rows[:, None, :, None].expand(b, mh, rows.shape[1], t))
 
 
 class Encoder(nn.Module):
@@ -215,8 +262,13 @@ class Encoder(nn.Module):
         embeddings: Embeddings | None = None,
         rows: torch.Tensor | None = None,
         all_layers: bool = False,
+        queries: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
-        """``attention_mask``: 1/True for real tokens, 0/False for padding; None when nothing is padded.
+        """``attention_mask``: which keys each query may attend. (batch, seq): 1/True for real tokens,
+        0/False for padding, the same for every query; (batch, seq, seq) or (batch, heads, seq, seq),
+        bool: a pattern per example (and head), True where the query row may attend the key (a
+        causal, prefix or permutation mask, padding included); None: everything, nothing padded.
         ``embeddings``: another encoder's embeddings, for an encoder built without its own.
         ``rows``: (batch, slots) positions in each sequence, the only ones whose output is wanted (the
         masked positions of a masked LM; unused slots may repeat a position). Only those query in
@@ -225,7 +277,12 @@ class Encoder(nn.Module):
         over all positions, so the rows are exactly what the full forward would give (up to dropout
         draws). Their shape comes from the batch, so nothing here waits for the device.
         ``all_layers``: also return every layer's output (``layers``: the embeddings, projected to
-        the hidden size, then each layer; the last is ``hidden_states``), for feature extraction."""
+        the hidden size, then each layer; the last is ``hidden_states``), for feature extraction.
+        ``queries``: (batch, n, hidden), a second stream (XLNet's query stream) that goes through
+        every layer with the same weights, querying the first stream's keys and values of the layer
+        below and never being attended itself; ``query_mask`` ((batch, n, seq) or (batch, heads, n,
+        seq), bool) says which positions each of its rows sees. Its last layer is ``queries`` in the
+        output."""
         b, t = input_ids.shape
         if t > self.config.max_position_embeddings:
             raise ConfigError(
@@ -238,30 +295,43 @@ class Encoder(nn.Module):
         x = embedder(input_ids, token_type_ids)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
-        # (batch, 1, 1, keys): every query may look at every real key, never at padding. An all-real
-        # batch needs no mask; on CPU in eager mode checking costs nothing and saves a pass per layer.
-        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        if attn_mask is not None and eager_cpu(attn_mask) and bool(attn_mask.all()):
+        attn_mask = attention_pattern(attention_mask, self.config.num_heads)
+        # A padding mask of an all-real batch masks nothing; on CPU in eager mode checking costs
+        # nothing and saves a pass per layer.
+        if attn_mask is not None and attn_mask.shape[2] == 1 and eager_cpu(attn_mask) and bool(attn_mask.all()):
             attn_mask = None
         if rows is not None and self.pooler is not None:  # the [CLS] rows too, for the pooler
             rows = torch.cat([rows.new_zeros(b, 1), rows], dim=1)
         if all_layers and rows is not None:
             raise ValueError("all_layers needs every row: pass rows=None")
+        last_mask = mask_rows(attn_mask, rows)
+        m = t if rows is None else rows.shape[1]  # the first stream's query rows in the last layer
+        if queries is not None:
+            second = attention_pattern(query_mask, self.config.num_heads)
+            if second is None:
+                raise ValueError("queries need a query_mask: which positions each query row sees")
+            attn_mask = two_streams(attn_mask, second, b, t, t)
+            last_mask = two_streams(last_mask, second, b, m, t)
         states = [x] if all_layers else None
         n = self.config.num_layers
+        g = queries
         for i in range(n):
-            x = self.layers[0 if self.config.share_layers else i](x, attn_mask, rows if i == n - 1 else None)
+            layer = self.layers[0 if self.config.share_layers else i]
+            last = i == n - 1
+            y = layer(x, last_mask if last else attn_mask, rows if last else None, g)
+            x, g = (y, None) if g is None else (y[:, : m if last else t], y[:, m if last else t :])
             if states is not None:
                 states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
+            g = None if g is None else self.final_norm(g)
             if states is not None:
                 states[-1] = x
         layers = tuple(states) if states is not None else None
         if self.pooler is None:
-            return EncoderOutput(x, None, layers)
+            return EncoderOutput(x, None, layers, g)
         hidden = x if rows is None else x[:, 1:]
-        return EncoderOutput(hidden, torch.tanh(self.pooler(x[:, 0])), layers)
+        return EncoderOutput(hidden, torch.tanh(self.pooler(x[:, 0])), layers, g)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
