@@ -35,10 +35,12 @@ EVAL = [
 @pytest.mark.parametrize("name", [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))])
 def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
     """Masked LMs: the pseudo-log-likelihood, each token masked in turn and the full sequence run through
-    the encoder with every logit computed, one copy at a time. ELECTRA: the discriminator's log-probability
+    the encoder with every logit computed, one copy at a time. XLNet: each token's query row alone,
+    seeing every other position. ELECTRA: the discriminator's log-probability
     that every token is original, one sentence at a time. The batched scores (copies of one length stacked,
     the last layer computing only the masked row) agree within float32 rounding."""
     from pretrainlab.objectives.masked_lm import MaskedLM
+    from pretrainlab.objectives.xlnet import XLNet
     from pretrainlab.pretraining.run import build_objective
 
     vocab = 300
@@ -66,6 +68,21 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
                     objective.mlm_head.transform(hidden),
                     encoder.embeddings.word_embeddings.weight,
                     objective.mlm_head.bias,
+                )
+                total += float(torch.log_softmax(logits.double(), -1)[int(seq[p])])
+            return total
+        if isinstance(objective, XLNet):  # one query row at a time, seeing every position but its own
+            total = 0.0
+            for p in range(1, len(seq) - 1):
+                hidden = encoder(
+                    ids,
+                    queries=objective.query_stream(encoder, torch.tensor([[p]])),
+                    query_mask=(torch.arange(len(seq)) != p)[None, None],
+                ).queries[0, 0]
+                logits = F.linear(
+                    objective.lm_head.transform(hidden),
+                    encoder.embeddings.word_embeddings.weight,
+                    objective.lm_head.bias,
                 )
                 total += float(torch.log_softmax(logits.double(), -1)[int(seq[p])])
             return total

@@ -63,6 +63,19 @@ def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
+def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
+    """Every target predicted through the query stream, which never sees its own token: all of its
+    accuracy is prediction from context (no copying of a kept token, as a masked LM's tenth)."""
+    result = train(tmp_path, "xlnet", 500)
+    baseline = unigram_baseline()
+    at_targets, unigram = result["learning/plm_acc_at_mask"], result["learning/plm_unigram_acc"]
+    assert abs(unigram - baseline) < 0.03 and at_targets > 2.5 * unigram, (at_targets, unigram)
+    assert at_targets < 0.8  # a row that saw its own token would copy it (near 100%)
+    assert result["val/plm_acc"] == pytest.approx(at_targets, abs=0.05)
+    assert result["learning/plm_loss_at_mask"] < result["learning/plm_unigram_loss"] - 1.0
+    assert [c["status"] for c in result["learning"]] == ["past baseline"]
+
+
 @pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 1200), ("albert", "sop", 1200)])
 def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     result = train(tmp_path, objective, steps)

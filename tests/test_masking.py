@@ -147,3 +147,46 @@ def test_permutation_predicts_one_in_k_and_orders_targets_uniformly():
     assert len(first) > 2000 and (share - 1 / 11).abs().max() < 0.025, share
     with pytest.raises(ValueError, match="must be in"):
         factorisation_order(eligible[:2], 1.0, g)
+
+
+def test_permutation_masks_agree_with_transformers_where_the_definitions_coincide():
+    """transformers' DataCollatorForPermutationLanguageModeling picks its targets in spans and orders
+    them its own way, and lets special tokens' rows see some targets; on every other row the two
+    definitions coincide: a position cannot see a target not earlier than itself in the order. The
+    order its perm_mask implies (a target's rank = the targets it sees) through our two_stream_masks
+    gives its perm_mask exactly, on 64 sequences."""
+    import transformers
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from pretrainlab.objectives.permutation import CONTEXT, two_stream_masks
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(95))])}
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")),
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+    torch.manual_seed(0)
+    collator = transformers.DataCollatorForPermutationLanguageModeling(
+        tokenizer, plm_probability=1 / 6, max_span_length=5
+    )
+    ids = torch.randint(5, 100, (64, 32))
+    ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
+    _, perm_mask, _, labels = collator.torch_mask_tokens(ids.clone())
+    theirs = perm_mask == 0  # True: may attend
+    targets = labels != -100
+    assert targets.any(1).all()
+    order = torch.where(targets, (theirs & targets[:, None, :]).sum(2), torch.full_like(ids, CONTEXT))
+    content, query = two_stream_masks(order, torch.ones_like(ids))
+    ordinary = ~torch.isin(ids, torch.tensor([2, 3]))  # the rows where the definitions coincide
+    assert torch.equal(query[ordinary], theirs[ordinary])
+    # the content stream is the query stream plus each position's own content (XLNet's non_tgt_mask)
+    eye = torch.eye(32, dtype=torch.bool).expand(64, 32, 32)
+    assert torch.equal(content[ordinary], (theirs | eye)[ordinary])
+    # a rank each, as an order must give
+    for row, t in zip(order, targets):
+        assert sorted(row[t].tolist()) == list(range(int(t.sum())))

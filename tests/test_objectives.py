@@ -269,7 +269,8 @@ def test_truncation_trims_like_one_token_at_a_time():
 def test_every_objective_keeps_the_plugin_contract(name):
     """Every conf/objective/ option: its builder makes examples, its collator (picklable, no
     weights) makes batches with the keys the training loop relies on, its forward gives a
-    finite loss and detached metrics, it reports its FLOPs and maps its head for export."""
+    finite loss and detached metrics, it reports its FLOPs and maps its head for export (or declares
+    that transformers has no class for it)."""
     import pickle
 
     from pretrainlab.model.encoder import flops_per_token
@@ -301,6 +302,7 @@ def test_every_objective_keeps_the_plugin_contract(name):
     state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     state |= {f"objective.{k}": v for k, v in objective.state_dict().items()}
     heads = [type(objective).hf_head(state, arch) for arch in ("bert", "albert", "electra")]
-    assert any(heads), "no transformers family takes this objective's head"
+    # a head transformers has a class for is mapped to one; one it has none for says so and maps to none
+    assert any(heads) == type(objective).hf_head_class, "hf_head and hf_head_class disagree"
     for head in filter(None, heads):
         assert head[0].endswith(("ForMaskedLM", "ForPreTraining")) and all(torch.is_tensor(t) for t in head[1].values())

@@ -74,10 +74,15 @@ class Objective(nn.Module):
 
     ``hf_model_type``: the transformers model family its exported encoder must be (ELECTRA's
     discriminator: ``electra``); None lets the encoder's shape decide (BERT or ALBERT).
+
+    ``hf_head_class``: whether ``transformers`` has a class for its pretraining head on this encoder
+    (``hf_head`` maps it). An objective whose head has none (XLNet's query stream) says False: its
+    encoder still exports, as the bare model.
     """
 
     uses_pooler: ClassVar[bool] = False
     hf_model_type: ClassVar[str | None] = None
+    hf_head_class: ClassVar[bool] = True
 
     def __init__(self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str):
         super().__init__()

@@ -1,0 +1,192 @@
+"""XLNet's objective (Yang et al., 2019): permutation language modelling with two-stream attention, on
+the shared encoder. Only the objective: what XLNet adds beyond it (Transformer-XL's segment memory,
+relative positional encodings, the bidirectional data input pipeline) is architecture and is left
+out, so ``objective=xlnet`` is XLNet's objective on a BERT-style encoder with absolute positions, not
+XLNet.
+
+For each sequence a factorisation order is sampled (``objectives.permutation``): the last
+``1/partial_prediction`` of its tokens (K = 6 or 7 in the paper) are the targets, in a random order
+after the rest, the context. Every target is predicted from the tokens before it in the order:
+
+- the content stream is the encoder as fine-tuning uses it, on the uncorrupted tokens (no
+  ``[MASK]``), each position seeing every position not later than itself in the order;
+- the query stream runs through the same layers with the same weights (``Encoder.forward(queries=)``,
+  no copy of the encoder). Its row for a target starts from a learned vector plus the target's
+  position embedding (the position it predicts, as XLNet's relative encoding gives its query stream),
+  and sees the content of the positions strictly before the target in the order, never its own. It
+  is computed for the targets only.
+
+The query stream's last layer goes through the same masked-LM head as the other objectives (dense,
+GELU, LayerNorm, decoder tied to the word embeddings), so that a comparison of objectives changes the
+objective alone; XLNet's own head is the tied decoder without the transform.
+
+The encoder exported is the content stream's: it fine-tunes and exports to ``transformers`` as a
+BERT encoder. The query vector and the head are pretraining-only and have no ``transformers`` class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pretrainlab.data.examples import Example
+from pretrainlab.data.packing import PackedBlocks
+from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
+from pretrainlab.model.heads import MaskedLMHead
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
+from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
+from pretrainlab.objectives.masked_lm import mlm_head_flops
+from pretrainlab.objectives.masking import max_selected, slot_layout
+from pretrainlab.objectives.permutation import factorisation_order, two_stream_masks
+from pretrainlab.tokens import SpecialTokens
+
+
+@dataclass(frozen=True, eq=False)
+class PermutationCollator:
+    """Pads, samples a factorisation order per sequence and lays out its two masks.
+
+    The batch carries the targets' positions and ids as (batch, slots) (``plm_positions``,
+    ``plm_labels``; empty slots at position 0 labelled ``IGNORE``), the content mask
+    (``content_mask``, (batch, seq, seq)) and the targets' query-stream rows (``query_mask``, (batch,
+    slots, seq)); True where the row may attend the key. With ``length``, every batch is padded to it
+    and has a fixed number of slots."""
+
+    tokens: SpecialTokens
+    predict_fraction: float
+    length: int | None = None
+
+    def eligible(self, input_ids: torch.Tensor) -> torch.Tensor:
+        special = torch.zeros_like(input_ids, dtype=torch.bool)
+        for i in self.tokens.special_ids:
+            special |= input_ids == i
+        return ~special
+
+    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+        batch = pad_examples(examples, self.tokens.pad_id, length=self.length)
+        order = factorisation_order(self.eligible(batch["input_ids"]), self.predict_fraction, generator)
+        content, query = two_stream_masks(order, batch["attention_mask"])
+        slots = None if self.length is None else max_selected(self.length, self.predict_fraction)
+        positions, labels = slot_layout(order >= 0, batch["input_ids"], slots)
+        batch["plm_positions"], batch["plm_labels"] = positions, labels
+        batch["content_mask"] = content
+        batch["query_mask"] = query.gather(1, positions[:, :, None].expand(-1, -1, query.shape[2]))
+        return batch
+
+
+class XLNet(Objective):
+    """Permutation language modelling (see the module docstring). ``partial_prediction``: K, the
+    targets are the last 1/K of each sequence's (non-special) tokens in its factorisation order."""
+
+    hf_head_class = False  # transformers' XLNetLMHeadModel is XLNet's architecture, not this encoder
+
+    def __init__(
+        self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "xlnet", partial_prediction: float = 6.0
+    ):
+        super().__init__(encoder_config, tokens, name)
+        if not partial_prediction > 1:
+            raise ValueError(
+                f"objective.partial_prediction must be above 1 (K: the last 1/K of each order is predicted; "
+                f"the paper uses 6 or 7), got {partial_prediction}."
+            )
+        self.predict_fraction = 1.0 / float(partial_prediction)
+        self.query_vector = nn.Parameter(torch.empty(encoder_config.embedding_size))
+        nn.init.normal_(self.query_vector, std=encoder_config.initializer_range)
+        self.lm_head = MaskedLMHead.for_encoder(encoder_config)
+
+    def example_builder(self, max_seq_len: int) -> PackedBlocks:
+        return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
+
+    def collator(self, length: int | None = None) -> PermutationCollator:
+        return PermutationCollator(self.tokens, self.predict_fraction, length)
+
+    def query_stream(self, encoder: Encoder, positions: torch.Tensor) -> torch.Tensor:
+        """The query stream's input at ``positions`` ((batch, n)): the learned vector plus each
+        position's embedding (and the first segment's), through the embeddings' LayerNorm, dropout
+        and projection, as the content stream's tokens go: (batch, n, hidden)."""
+        emb = encoder.embeddings
+        assert emb is not None
+        g = self.query_vector + emb.position_embeddings(positions) + emb.token_type_embeddings.weight[0]
+        g = emb.dropout(emb.norm(g))
+        return g if encoder.embedding_projection is None else encoder.embedding_projection(g)
+
+    def encode(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
+        """The query stream's last layer at the targets: (batch, slots, hidden)."""
+        positions = batch["plm_positions"]
+        out = encoder(
+            batch["input_ids"],
+            None,
+            batch["content_mask"],
+            rows=positions[:, :1],  # the content stream's last layer is not read: one row of it
+            queries=self.query_stream(encoder, positions),
+            query_mask=batch["query_mask"],
+        )
+        assert out.queries is not None
+        return out.queries
+
+    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+        loss, acc = self.lm_head.loss(self.encode(encoder, batch), encoder.word_embeddings.weight, batch["plm_labels"])
+        return ObjectiveOutput(loss, {"plm_loss": loss.detach(), "plm_acc": acc})
+
+    @torch.no_grad()
+    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
+        weight = encoder.word_embeddings.weight
+        labels = batch["plm_labels"]
+        return masked_tally(
+            "plm",
+            lambda h: F.linear(self.lm_head.transform(h), weight, self.lm_head.bias),
+            self.encode(encoder, batch),
+            labels,
+            torch.full_like(labels, self.tokens.mask_id),  # a target's own token is never shown to its row
+            self.tokens.mask_id,
+            weight.shape[0],
+        )
+
+    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+        metrics = masked_metrics("plm", tally, self.token_counts)
+        return metrics, [masked_check("PLM at its targets", "plm", metrics)]
+
+    @torch.no_grad()
+    def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
+        """The pseudo-log-likelihood the query stream defines: the sum, over the sequence's tokens
+        ([CLS] and [SEP] excepted), of log p(token | every other token), each token's query row seeing
+        the content of all positions but its own. One forward per sequence, every token's row at once
+        (the content stream sees the whole sequence, as in fine-tuning)."""
+        device = encoder.word_embeddings.weight.device
+        special = torch.tensor(sorted(self.tokens.special_ids), device=device)
+        scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
+        for length, members in by_length(sequences).items():
+            ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
+            step = max(1, max_tokens // (2 * length))
+            positions = torch.arange(length, device=device)
+            others = ~torch.eye(length, dtype=torch.bool, device=device)
+            for start in range(0, len(members), step):
+                x = ids[start : start + step]
+                b = len(x)
+                g = self.query_stream(encoder, positions.expand(b, -1))
+                out = encoder(
+                    x, None, None, rows=positions[:1].expand(b, 1), queries=g, query_mask=others.expand(b, -1, -1)
+                )
+                logits = F.linear(
+                    self.lm_head.transform(out.queries), encoder.word_embeddings.weight, self.lm_head.bias
+                )
+                logp = torch.log_softmax(logits.float(), dim=-1).gather(2, x[:, :, None]).squeeze(2)
+                logp = logp.masked_fill(torch.isin(x, special), 0.0)
+                scores[torch.as_tensor(members[start : start + step], device=device)] = logp.double().sum(1)
+        return scores.cpu().numpy()
+
+    def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
+        """The content stream (its last layer at one row) plus the query stream at the targets only:
+        per target and layer, its query and output projections, feed-forward and attention over the
+        sequence (the keys and values are the content stream's), and the head."""
+        c, k = encoder_config, self.predict_fraction
+        h = c.hidden_size
+        per_query_row = 2 * (2 * h**2 + 2 * h * c.intermediate_size) + 2 * 2 * seq_len * h
+        content = flops_per_token(c, seq_len, rows_fraction=1.0 / seq_len)
+        return content + 3.0 * c.num_layers * per_query_row * k + mlm_head_flops(c, k)
+
+
+__all__ = ["PermutationCollator", "XLNet"]
