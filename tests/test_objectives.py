@@ -306,3 +306,31 @@ def test_every_objective_keeps_the_plugin_contract(name):
     assert any(heads) == type(objective).hf_head_class, "hf_head and hf_head_class disagree"
     for head in filter(None, heads):
         assert head[0].endswith(("ForMaskedLM", "ForPreTraining")) and all(torch.is_tensor(t) for t in head[1].values())
+
+
+@pytest.mark.parametrize("name", [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))])
+def test_flops_per_token_is_what_a_count_of_the_step_finds(name):
+    """Budgets compare objectives by flops_per_token: it must agree with torch's count of the matmul
+    and attention FLOPs of a real training step (forward and backward) on full-length sequences
+    (attention dropout on: the attention runs as counted matmuls on the CPU), within 3%."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pretrainlab.pretraining.run import build_objective
+    from tests.conftest import random_documents
+
+    vocab = 2000
+    tokens = SpecialTokens(vocab, 0, 1, 2, 3, 4, np.zeros(vocab, dtype=bool))
+    config = EncoderConfig(
+        vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256, hidden_dropout=0.0
+    )
+    torch.manual_seed(0)
+    objective = build_objective(compose_train(f"objective={name}"), config, tokens)
+    examples = list(objective.example_builder(128)(random_documents(400, vocab=(5, vocab)), np.random.default_rng(0)))
+    full = [e for e in examples if len(e["input_ids"]) == 128][:8]
+    assert len(full) == 8
+    batch = objective.collator(128)(full, torch.Generator().manual_seed(0))
+    encoder = Encoder(config)
+    with FlopCounterMode(display=False) as counter:
+        objective(encoder, batch).loss.backward()
+    ratio = counter.get_total_flops() / int(batch["n_tokens"]) / objective.flops_per_token(config, 128)
+    assert 0.97 < ratio < 1.03, ratio
