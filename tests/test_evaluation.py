@@ -35,8 +35,8 @@ EVAL = [
 @pytest.mark.parametrize("name", [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))])
 def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
     """Masked LMs: the pseudo-log-likelihood, each token masked in turn and the full sequence run through
-    the encoder with every logit computed, one copy at a time. XLNet: each token's query row alone,
-    seeing every other position. ELECTRA: the discriminator's log-probability
+    the encoder with every logit computed, one copy at a time. XLNet: each token the one target of an order
+    whose context is every other token, its masks built cell by cell. ELECTRA: the discriminator's log-probability
     that every token is original, one sentence at a time. The batched scores (copies of one length stacked,
     the last layer computing only the masked row) agree within float32 rounding."""
     from pretrainlab.objectives.masked_lm import MaskedLM
@@ -71,13 +71,16 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
                 )
                 total += float(torch.log_softmax(logits.double(), -1)[int(seq[p])])
             return total
-        if isinstance(objective, XLNet):  # one query row at a time, seeing every position but its own
+        if isinstance(objective, XLNet):  # each token the one target of an order: built from the definition
             total = 0.0
             for p in range(1, len(seq) - 1):
+                n = len(seq)
+                content = torch.tensor([[k != p or q == p for k in range(n)] for q in range(n)])
                 hidden = encoder(
                     ids,
+                    attention_mask=content[None],
                     queries=objective.query_stream(encoder, torch.tensor([[p]])),
-                    query_mask=(torch.arange(len(seq)) != p)[None, None],
+                    query_mask=torch.tensor([[[k != p for k in range(n)]]]),
                 ).queries[0, 0]
                 logits = F.linear(
                     objective.lm_head.transform(hidden),
@@ -90,6 +93,35 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
         return float(torch.log(1 - torch.sigmoid(logits)).sum())
 
     np.testing.assert_allclose(fast, [reference(s) for s in sequences], rtol=1e-5, atol=2e-5)
+
+
+def test_xlnet_scores_a_token_with_nothing_of_it_in_view():
+    """The permutation LM's zero-shot score of a token must not see that token, not even through the
+    content rows of the other positions (which, with every position seeing every other, would carry
+    it to the query row from the second layer on): the distribution it gives at a position is the
+    same whatever token stands there."""
+    from pretrainlab.pretraining.run import build_objective
+
+    vocab = 300
+    tokens = SpecialTokens(vocab, 0, 1, 2, 3, 4, np.zeros(vocab, dtype=bool))
+    config = EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    encoder = Encoder(config).eval()
+    objective = build_objective(compose_train("objective=xlnet"), config, tokens).eval()
+    ids = torch.randint(5, vocab, (6, 10))
+    target = torch.tensor([1, 3, 5, 7, 8, 2])
+    other = ids.clone()
+    other[torch.arange(6), target] = (ids[torch.arange(6), target] + 50) % (vocab - 5) + 5
+    with torch.no_grad():
+        torch.testing.assert_close(
+            objective.target_logits(encoder, other, target), objective.target_logits(encoder, ids, target)
+        )
+        # and it does see the others: a change elsewhere moves it
+        elsewhere = ids.clone()
+        elsewhere[torch.arange(6), (target + 1) % 10] += 1
+        assert not torch.allclose(
+            objective.target_logits(encoder, elsewhere, target), objective.target_logits(encoder, ids, target)
+        )
 
 
 # --- named entities: chunks and F1 as conlleval counts them -----------------------------------------------

@@ -150,7 +150,8 @@ def masked_metrics(prefix: str, tally: dict, token_counts=None) -> dict[str, flo
     return out
 
 
-def masked_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
+def masked_check(head: str, prefix: str, m: dict[str, float], where: str = "[MASK]") -> HeadCheck:
+    """``where``: what the scored positions are called in the verdict's detail ([MASK]; XLNet: its targets)."""
     value, base = m[f"{prefix}_acc_at_mask"], m[f"{prefix}_unigram_acc"]
     beats_frequencies = m[f"{prefix}_loss_at_mask"] < m[f"{prefix}_unigram_loss"]
     status = AT if value < 1.25 * base else PAST if value >= 2 * base and beats_frequencies else ABOVE
@@ -159,7 +160,7 @@ def masked_check(head: str, prefix: str, m: dict[str, float]) -> HeadCheck:
         for name in KINDS[1:]
         if math.isfinite(m[f"{prefix}_acc_at_{name}"])
     )
-    detail = f"loss at [MASK] {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}" + (
+    detail = f"loss at {where} {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}" + (
         f"; accuracy {shown}" if shown else ""
     )
     return HeadCheck(head, f"{prefix}_acc_at_mask", value, base, "most frequent token", status, detail)

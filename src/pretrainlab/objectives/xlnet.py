@@ -147,35 +147,50 @@ class XLNet(Objective):
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
         metrics = masked_metrics("plm", tally, self.token_counts)
-        return metrics, [masked_check("PLM at its targets", "plm", metrics)]
+        return metrics, [masked_check("PLM at its targets", "plm", metrics, where="its targets")]
+
+    def target_logits(self, encoder: Encoder, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """float32 vocabulary logits (batch, vocab) for the token at ``target`` ((batch,) positions) of
+        each row of ``ids``, scored as the one target of an order whose context is every other token:
+        its query row and every other position's content row see all positions but the target (so
+        that nothing of the target's token reaches its query row, not even through another position's
+        content), the target's own content row sees everything."""
+        keys = torch.arange(ids.shape[1], device=ids.device)
+        hidden = keys[None, :] == target[:, None]  # (batch, seq): the target's own key
+        content = ~hidden[:, None, :] | (keys[None, :, None] == target[:, None, None])
+        out = encoder(
+            ids,
+            None,
+            content,
+            rows=target[:, None],
+            queries=self.query_stream(encoder, target[:, None]),
+            query_mask=~hidden[:, None, :],
+        )
+        assert out.queries is not None
+        return F.linear(
+            self.lm_head.transform(out.queries[:, 0]), encoder.word_embeddings.weight, self.lm_head.bias
+        ).float()
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
-        """The pseudo-log-likelihood the query stream defines: the sum, over the sequence's tokens
-        ([CLS] and [SEP] excepted), of log p(token | every other token), each token's query row seeing
-        the content of all positions but its own. One forward per sequence, every token's row at once
-        (the content stream sees the whole sequence, as in fine-tuning)."""
+        """The pseudo-log-likelihood of the permutation LM: the sum, over the sequence's tokens ([CLS]
+        and [SEP] excepted), of log p(token | every other token), each token scored as the one target
+        of an order whose context is every other token (``target_logits``). One copy of the sequence
+        per scored token, copies of one length stacked, about ``max_tokens`` tokens at a time."""
         device = encoder.word_embeddings.weight.device
         special = torch.tensor(sorted(self.tokens.special_ids), device=device)
         scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
         for length, members in by_length(sequences).items():
             ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
-            step = max(1, max_tokens // (2 * length))
-            positions = torch.arange(length, device=device)
-            others = ~torch.eye(length, dtype=torch.bool, device=device)
-            for start in range(0, len(members), step):
-                x = ids[start : start + step]
-                b = len(x)
-                g = self.query_stream(encoder, positions.expand(b, -1))
-                out = encoder(
-                    x, None, None, rows=positions[:1].expand(b, 1), queries=g, query_mask=others.expand(b, -1, -1)
-                )
-                logits = F.linear(
-                    self.lm_head.transform(out.queries), encoder.word_embeddings.weight, self.lm_head.bias
-                )
-                logp = torch.log_softmax(logits.float(), dim=-1).gather(2, x[:, :, None]).squeeze(2)
-                logp = logp.masked_fill(torch.isin(x, special), 0.0)
-                scores[torch.as_tensor(members[start : start + step], device=device)] = logp.double().sum(1)
+            sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
+            step = max(1, max_tokens // length)
+            for start in range(0, len(sentence), step):
+                s, p = sentence[start : start + step], position[start : start + step]
+                copies = ids[s]
+                logits = self.target_logits(encoder, copies, p)
+                target = copies.gather(1, p[:, None]).squeeze(1)
+                logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
+                scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
         return scores.cpu().numpy()
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
