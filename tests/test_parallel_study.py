@@ -121,7 +121,7 @@ def test_a_failed_run_is_named_with_its_log_and_the_other_run_finishes(tmp_path)
 def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_resumes(tmp_path):
     """SIGTERM to the study while both runs train: each saves a checkpoint and stops, the study exits
     143 with the command that continues it; that command resumes both runs from their checkpoints."""
-    overrides = study_overrides(tmp_path, ["max_steps=400", "checkpoint_every=5", "val_every=400"], "jobs=2")
+    overrides = study_overrides(tmp_path, ["max_steps=150", "checkpoint_every=5", "val_every=150"], "jobs=2")
     command = [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides]
     root = tmp_path / "par" / "pretrain"
     study = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -134,7 +134,7 @@ def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_res
     assert study.returncode == 143, out[-3000:]
     assert "Continue it with" in out and out.count("stopped (exit status 143; log:") == 2, out[-3000:]
     for run in ("roberta-s0", "bert-s0"):
-        assert not (root / run / "encoder").exists()  # stopped before the end of its 400 steps
+        assert not (root / run / "encoder").exists()  # stopped before the end of its 150 steps
         assert (root / run / "checkpoints" / "last.ckpt").is_file()
         assert "saved" in (tmp_path / "par" / "logs" / f"pretrain-{run}.log").read_text().lower()
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
