@@ -36,9 +36,11 @@ EVAL = [
 def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
     """Masked LMs: the pseudo-log-likelihood, each token masked in turn and the full sequence run through
     the encoder with every logit computed, one copy at a time. XLNet: each token the one target of an order
-    whose context is every other token, its masks built cell by cell. ELECTRA: the discriminator's log-probability
+    whose context is every other token, its masks built cell by cell. Causal LM: each token from its
+    prefix, the prefix alone through the encoder. ELECTRA: the discriminator's log-probability
     that every token is original, one sentence at a time. The batched scores (copies of one length stacked,
     the last layer computing only the masked row) agree within float32 rounding."""
+    from pretrainlab.objectives.clm import CausalLM
     from pretrainlab.objectives.masked_lm import MaskedLM
     from pretrainlab.objectives.xlnet import XLNet
     from pretrainlab.pretraining.run import build_objective
@@ -71,6 +73,20 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
                 )
                 total += float(torch.log_softmax(logits.double(), -1)[int(seq[p])])
             return total
+        if isinstance(objective, CausalLM):  # each token from the prefix before it, the prefix alone run
+            return sum(
+                float(
+                    torch.log_softmax(
+                        F.linear(
+                            objective.lm_head.transform(encoder(ids[:, :p]).hidden_states[0, -1]),
+                            encoder.embeddings.word_embeddings.weight,
+                            objective.lm_head.bias,
+                        ).double(),
+                        -1,
+                    )[int(seq[p])]
+                )
+                for p in range(1, len(seq) - 1)
+            )
         if isinstance(objective, XLNet):  # each token the one target of an order: built from the definition
             total = 0.0
             for p in range(1, len(seq) - 1):

@@ -35,6 +35,7 @@ CASES = {  # objective -> model overrides -> the transformers class the export d
     "albert": (["model.embedding_size=64", "model.share_layers=true"], "AlbertForMaskedLM", "AlbertModel"),
     "electra": (["model.embedding_size=64", "model.add_pooler=false"], "ElectraForPreTraining", "ElectraModel"),
     "xlnet": ([], "BertModel", "BertModel"),  # its query-stream head has no transformers class: the bare encoder
+    "clm": ([], "BertModel", "BertModel"),
 }
 
 

@@ -76,6 +76,15 @@ def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
+def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path):
+    result = train(tmp_path, "clm", 500)
+    baseline = unigram_baseline()
+    at_next, unigram = result["learning/clm_acc_at_mask"], result["learning/clm_unigram_acc"]
+    assert abs(unigram - baseline) < 0.03 and at_next > 2.5 * unigram, (at_next, unigram)
+    assert result["learning/clm_loss_at_mask"] < result["learning/clm_unigram_loss"] - 1.0
+    assert [c["status"] for c in result["learning"]] == ["past baseline"]
+
+
 @pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 1200), ("albert", "sop", 1200)])
 def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     result = train(tmp_path, objective, steps)

@@ -334,3 +334,30 @@ def test_flops_per_token_is_what_a_count_of_the_step_finds(name):
         objective(encoder, batch).loss.backward()
     ratio = counter.get_total_flops() / int(batch["n_tokens"]) / objective.flops_per_token(config, 128)
     assert 0.97 < ratio < 1.03, ratio
+
+
+def test_causal_lm_predicts_each_next_token_from_its_prefix_alone():
+    """Labels are the next real token (none after the last one or in padding), and a position's
+    prediction does not move when any later token changes."""
+    from pretrainlab.model.heads import IGNORE
+    from pretrainlab.objectives.clm import CausalLM, next_tokens
+
+    ids = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 20, 3, 0, 0, 0]])
+    real = ids != 0
+    assert next_tokens(ids, real).tolist() == [
+        [10, 11, 12, 3, IGNORE, IGNORE],
+        [20, 3, IGNORE, IGNORE, IGNORE, IGNORE],
+    ]
+    tokens = SpecialTokens(100, 0, 1, 2, 3, 4, np.zeros(100, dtype=bool))
+    config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    encoder, objective = Encoder(config).eval(), CausalLM(config, tokens).eval()
+    x = torch.randint(5, 100, (4, 12))
+    batch = {"input_ids": x, "attention_mask": torch.ones_like(x, dtype=torch.bool)}
+    with torch.no_grad():
+        before = objective.encode(encoder, batch)
+        later = x.clone()
+        later[:, 7:] = (later[:, 7:] + 13) % 95 + 5
+        after = objective.encode(encoder, {**batch, "input_ids": later})
+    torch.testing.assert_close(after[:, :7], before[:, :7])
+    assert not torch.allclose(after[:, 7:], before[:, 7:], atol=1e-4)
