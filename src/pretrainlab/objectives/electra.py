@@ -63,6 +63,7 @@ class ELECTRA(Objective):
         mask_rate: float = 0.15,
         mask_token_prob: float = 0.85,
         random_token_prob: float = 0.0,
+        whole_word: bool = False,
         generator_scale: float = 0.25,
         gen_weight: float = 1.0,
         disc_weight: float = 50.0,
@@ -73,7 +74,7 @@ class ELECTRA(Objective):
             raise ValueError(f"objective.generator_scale must be in (0, 1], got {generator_scale}.")
         if temperature <= 0:
             raise ValueError(f"objective.temperature must be positive, got {temperature}.")
-        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word)
         self.gen_weight, self.disc_weight, self.temperature = gen_weight, disc_weight, temperature
         self.generator_scale = generator_scale
         self.generator_config = encoder_config.scaled(generator_scale)

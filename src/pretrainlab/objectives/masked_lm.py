@@ -22,7 +22,14 @@ from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flo
 from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
-from pretrainlab.objectives.masking import MaskingConfig, corrupt, max_selected, select_tokens, slot_layout
+from pretrainlab.objectives.masking import (
+    MaskingConfig,
+    corrupt,
+    max_selected,
+    select_ngrams,
+    select_tokens,
+    slot_layout,
+)
 from pretrainlab.tokens import SpecialTokens
 
 
@@ -52,7 +59,11 @@ class MaskedLMCollator:
         return ~special
 
     def select(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
-        return select_tokens(self.eligible(batch["input_ids"]), self.masking.rate, generator)
+        ids = batch["input_ids"]
+        if self.masking.whole_word:
+            continuation = torch.from_numpy(self.tokens.is_continuation)[ids]
+            return select_ngrams(self.eligible(ids), continuation, self.masking.rate, 1, generator)
+        return select_tokens(self.eligible(ids), self.masking.rate, generator)
 
     def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
         batch = pad_examples(examples, self.tokens.pad_id, length=self.length)
@@ -74,9 +85,9 @@ def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:
 
 
 class MaskedLM(Objective):
-    """A masked-LM objective: ``mask_rate`` of the tokens are predicted, of which
-    ``mask_token_prob`` are shown as ``[MASK]``, ``random_token_prob`` as a random token and the
-    rest unchanged. The head (dense, GELU, LayerNorm, decoder tied to the word embeddings) scores
+    """A masked-LM objective: ``mask_rate`` of the tokens are predicted (whole words with
+    ``whole_word``), of which ``mask_token_prob`` are shown as ``[MASK]``, ``random_token_prob`` as
+    a random token and the rest unchanged. The head (dense, GELU, LayerNorm, decoder tied to the word embeddings) scores
     the masked positions only, and the encoder's last layer computes only those rows.
 
     Subclasses choose the examples (``example_builder``) and may add heads; ``forward`` of a plain
@@ -90,9 +101,10 @@ class MaskedLM(Objective):
         mask_rate: float = 0.15,
         mask_token_prob: float = 0.8,
         random_token_prob: float = 0.1,
+        whole_word: bool = False,
     ):
         super().__init__(encoder_config, tokens, name)
-        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob)
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word)
         self.mlm_head = MaskedLMHead.for_encoder(encoder_config)
 
     def collator(self, length: int | None = None) -> MaskedLMCollator:

@@ -19,11 +19,15 @@ from pretrainlab.model.heads import IGNORE  # the label of an empty slot
 
 @dataclass(frozen=True)
 class MaskingConfig:
-    """How many tokens to predict and what the model sees in their place."""
+    """How many tokens to predict, whether whole words are chosen, and what the model sees in their
+    place. ``whole_word``: every piece of a chosen word is predicted (WordPiece's ``##`` pieces, a
+    byte-level BPE's pieces without a leading space): words are chosen until the rate's tokens are
+    covered, as ``select_ngrams`` with n-grams of one word."""
 
     rate: float = 0.15
     mask_token_prob: float = 0.8
     random_token_prob: float = 0.1
+    whole_word: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate < 1.0:
