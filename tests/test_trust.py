@@ -127,6 +127,26 @@ def test_a_study_refuses_to_resume_an_interrupted_run_started_with_other_setting
         run_study(study(tmp_path))
 
 
+def test_a_setting_added_since_a_run_was_recorded_is_compared_at_the_value_it_was_made_with(tmp_path):
+    """A run recorded before objective.whole_word existed was made without whole-word masking: asked
+    for again with it off, it is the same run; with it on, it is another run and is refused."""
+    import json
+
+    run_dir = tmp_path / "run"
+    cfg = compose_train(*QUICK, "objective=roberta", "max_steps=2", "val_every=2")
+    pretrain(cfg, run_dir)
+    meta_path = run_dir / "encoder" / "config.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["pretraining"]["config"]["objective"]["whole_word"]  # as recorded before the setting existed
+    meta_path.write_text(json.dumps(meta))
+    check_same_run(run_dir, cfg)
+    with pytest.raises(SettingsMismatch, match="objective.whole_word: False then, True now"):
+        check_same_run(
+            run_dir,
+            compose_train(*QUICK, "objective=roberta", "max_steps=2", "val_every=2", "objective.whole_word=true"),
+        )
+
+
 def test_a_changed_corpus_file_is_a_difference(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()

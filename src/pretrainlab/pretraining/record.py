@@ -20,6 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab.export.native import CONFIG
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, SettingsMismatch, describe, differences
 
+# Settings added since runs were first recorded, at the value every run recorded without them was made
+# with: a run asked for now with another value is another run.
+LEGACY = {"objective.whole_word": False}
+
 
 def data_identity(cfg: DictConfig) -> dict:
     """The corpus's fingerprint (for local files: their paths, sizes and modification times) and
@@ -52,7 +56,7 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
         return
     was, data_was, what = found
     now = OmegaConf.to_container(cfg, resolve=True)
-    changed = differences(was, now, ignore=PRETRAINING_HOW)
+    changed = differences(was, now, legacy=LEGACY, ignore=PRETRAINING_HOW)
     if data_was:
         data_now = data_identity(cfg)
         for key, why in (
@@ -78,4 +82,4 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
     )
 
 
-__all__ = ["check_same_run", "data_identity", "recorded"]
+__all__ = ["LEGACY", "check_same_run", "data_identity", "recorded"]
