@@ -36,6 +36,7 @@ CASES = {  # objective -> model overrides -> the transformers class the export d
     "electra": (["model.embedding_size=64", "model.add_pooler=false"], "ElectraForPreTraining", "ElectraModel"),
     "xlnet": ([], "BertModel", "BertModel"),  # its query-stream head has no transformers class: the bare encoder
     "clm": ([], "BertModel", "BertModel"),
+    "gpt_bert": ([], "BertForMaskedLM", "BertModel"),  # its masked mode is BERT's
 }
 
 

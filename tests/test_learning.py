@@ -85,6 +85,15 @@ def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
+def test_the_hybrid_learns_both_its_masked_and_its_causal_head(tmp_path):
+    """GPT-BERT at its 1/16 causal share (a quarter here, so that 500 steps hold enough causal rows
+    to measure): both the masked positions and the next tokens far above the unigram baseline."""
+    result = train(tmp_path, "gpt_bert", 500, "objective.causal_share=0.25")
+    unigram = result["learning/mlm_unigram_acc"]
+    assert result["learning/mlm_acc_at_mask"] > 2 * unigram and result["learning/clm_acc_at_mask"] > 2 * unigram
+    assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
+
+
 @pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 1200), ("albert", "sop", 1200)])
 def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     result = train(tmp_path, objective, steps)

@@ -223,3 +223,38 @@ def test_whole_word_masking_predicts_every_piece_of_a_chosen_word_at_the_rate():
                 broken += 0 < int(chosen[row, a:b].sum()) < b - a
         split[whole] = broken
     assert split[True] == 0 and split[False] > 1000, split
+
+
+def test_the_hybrid_mixes_causal_examples_at_its_share_and_leaves_them_uncorrupted():
+    """GPT-BERT's collator over 1,500 batches of 32 (seeded): the causal share is 1/16 in expectation
+    (stochastically rounded per batch); a causal row is shown as it is, predicts every next token and
+    nothing masked; a masked row is RoBERTa's (15% predicted) and predicts no next token."""
+    from pretrainlab.model.heads import IGNORE
+    from pretrainlab.objectives.gpt_bert import HybridCollator
+
+    tokens = SpecialTokens(300, 0, 1, 2, 3, 4, np.zeros(300, dtype=bool))
+    collate = HybridCollator(tokens, MaskingConfig(0.15, 0.8, 0.1), causal_share=1 / 16)
+    rng = np.random.default_rng(0)
+    g = torch.Generator().manual_seed(0)
+    causal_rows = total_rows = masked_predicted = masked_eligible = 0
+    for _ in range(1500):
+        examples = [
+            {"input_ids": np.array([2, *rng.integers(5, 300, int(rng.integers(10, 40))), 3])} for _ in range(32)
+        ]
+        batch = collate(examples, g)
+        causal = batch["causal"]
+        k = int(causal.sum())
+        assert k in (0, 1, 2)  # floor or ceil of 32 / 16
+        causal_rows, total_rows = causal_rows + k, total_rows + 32
+        for i, e in enumerate(examples):
+            n = len(e["input_ids"])
+            if causal[i]:
+                assert batch["input_ids"][i, :n].tolist() == e["input_ids"].tolist()
+                assert (batch["mlm_labels"][i] == IGNORE).all()
+                assert batch["clm_labels"][i, : n - 1].tolist() == e["input_ids"][1:].tolist()
+            else:
+                assert (batch["clm_labels"][i] == IGNORE).all()
+                masked_predicted += int((batch["mlm_labels"][i] != IGNORE).sum())
+                masked_eligible += n - 2
+    assert abs(causal_rows / total_rows - 1 / 16) < 0.004, causal_rows / total_rows
+    assert abs(masked_predicted / masked_eligible - 0.15) < 0.003

@@ -324,7 +324,9 @@ def test_flops_per_token_is_what_a_count_of_the_step_finds(name):
         vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256, hidden_dropout=0.0
     )
     torch.manual_seed(0)
-    objective = build_objective(compose_train(f"objective={name}"), config, tokens)
+    # the hybrid's share is an expectation: at a quarter, a batch of 8 holds exactly 2 causal rows
+    extra = ["objective.causal_share=0.25"] if name == "gpt_bert" else []
+    objective = build_objective(compose_train(f"objective={name}", *extra), config, tokens)
     examples = list(objective.example_builder(128)(random_documents(400, vocab=(5, vocab)), np.random.default_rng(0)))
     full = [e for e in examples if len(e["input_ids"]) == 128][:8]
     assert len(full) == 8
@@ -361,3 +363,23 @@ def test_causal_lm_predicts_each_next_token_from_its_prefix_alone():
         after = objective.encode(encoder, {**batch, "input_ids": later})
     torch.testing.assert_close(after[:, :7], before[:, :7])
     assert not torch.allclose(after[:, 7:], before[:, 7:], atol=1e-4)
+
+
+def test_the_hybrid_attends_causally_in_its_causal_rows_and_both_ways_in_its_masked_rows():
+    from pretrainlab.objectives.gpt_bert import GPTBERT
+
+    tokens = SpecialTokens(100, 0, 1, 2, 3, 4, np.zeros(100, dtype=bool))
+    config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    encoder, objective = Encoder(config).eval(), GPTBERT(config, tokens).eval()
+    x = torch.randint(5, 100, (4, 10))
+    batch = {"input_ids": x, "attention_mask": torch.ones_like(x, dtype=torch.bool)}
+    batch["causal"] = torch.tensor([True, False, True, False])
+    later = x.clone()
+    later[:, 6:] = (later[:, 6:] + 17) % 95 + 5
+    with torch.no_grad():
+        before, after = objective.hidden(encoder, batch), objective.hidden(encoder, {**batch, "input_ids": later})
+    torch.testing.assert_close(after[[0, 2], :6], before[[0, 2], :6])  # causal rows: nothing later seen
+    assert not torch.allclose(after[[1, 3], :6], before[[1, 3], :6], atol=1e-4)  # masked rows see it
+    with pytest.raises(ValueError, match="causal_share must be in"):
+        GPTBERT(config, tokens, causal_share=1.0)
