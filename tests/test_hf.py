@@ -37,6 +37,7 @@ CASES = {  # objective -> model overrides -> the transformers class the export d
     "xlnet": ([], "BertModel", "BertModel"),  # its query-stream head has no transformers class: the bare encoder
     "clm": ([], "BertModel", "BertModel"),
     "gpt_bert": ([], "BertForMaskedLM", "BertModel"),  # its masked mode is BERT's
+    "spanbert": ([], "BertForMaskedLM", "BertModel"),  # its MLM head; SBO's head has no transformers class
 }
 
 

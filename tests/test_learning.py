@@ -131,3 +131,15 @@ def test_electra_generator_and_discriminator_learn(tmp_path):
     # held out, threshold-free: replaced tokens score above original ones, and neither head is at its baseline
     assert result["learning/rtd_auc"] > 0.65 and result["learning/heads_at_baseline"] == 0, result["learning"]
     assert result["learning/gen_acc_at_mask"] > 2 * result["learning/gen_unigram_acc"]
+
+
+def test_spanbert_learns_its_spans_from_context_and_from_their_boundaries(tmp_path):
+    """Both of SpanBERT's heads far above the unigram baseline: the masked LM at span tokens, and
+    the span boundary objective, which sees only the two tokens outside a span and an offset."""
+    result = train(tmp_path, "spanbert", 500)
+    baseline = unigram_baseline()
+    for head in ("mlm", "sbo"):
+        at_mask, unigram = result[f"learning/{head}_acc_at_mask"], result[f"learning/{head}_unigram_acc"]
+        assert abs(unigram - baseline) < 0.05 and at_mask > 2 * unigram, (head, at_mask, unigram)
+        assert result[f"learning/{head}_loss_at_mask"] < result[f"learning/{head}_unigram_loss"] - 0.5
+    assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]

@@ -383,3 +383,91 @@ def test_the_hybrid_attends_causally_in_its_causal_rows_and_both_ways_in_its_mas
     assert not torch.allclose(after[[1, 3], :6], before[[1, 3], :6], atol=1e-4)  # masked rows see it
     with pytest.raises(ValueError, match="causal_share must be in"):
         GPTBERT(config, tokens, causal_share=1.0)
+
+
+def test_span_lengths_follow_spanberts_clipped_geometric_law():
+    """SpanBERT's law, from its definition: p(n) = 0.2 x 0.8^(n-1) for n = 1..10 words, renormalised
+    (mean 3.8 words), over 2,000 rows of ~512 tokens masked at 15%, as SpanBERT pretrains. The first
+    five spans of each row are counted: a row holds more spans when its spans are short, so pooling
+    every span of every row would over-count short ones (by 2 points at n = 1) whatever the law."""
+    from pretrainlab.objectives.masking import geometric_probs
+
+    law = np.array([0.2 * 0.8 ** (n - 1) for n in range(1, 11)])
+    law /= law.sum()
+    np.testing.assert_allclose(geometric_probs(0.2, 10), law, rtol=1e-12)
+    assert abs((law * np.arange(1, 11)).sum() - 3.8) < 0.01  # the paper's mean
+    rng = np.random.default_rng(0)
+    counts = np.zeros(10)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2000):  # rows of 400 words of 1-3 pieces (as words_row), after [CLS]
+        pieces = rng.choice(3, size=400, p=(0.8, 0.15, 0.05)) + 1
+        ends = 1 + np.cumsum(pieces)
+        starts = ends - pieces
+        spans = ngram_spans(starts, ends, int(0.15 * pieces.sum()), 10, g, geometric_probs(0.2, 10))
+        assert len(spans) > 5
+        for _, n in spans[:5]:
+            counts[n - 1] += 1
+    observed = counts / counts.sum()
+    assert np.all(np.abs(observed - law) < 0.015), observed.round(3)  # 0.015: over 3.5 sd at 10,000 spans
+    assert abs((observed * np.arange(1, 11)).sum() - 3.8) < 0.08
+
+
+def test_span_masking_corrupts_whole_spans_at_the_rate_and_finds_their_boundaries():
+    """SpanBERT's collator over 2,000 rows of WordPiece-like ids: 15% of the eligible tokens predicted,
+    no word split; every run of consecutive selected tokens shown as one (all [MASK], all random or
+    all unchanged; 80/10/10 over the spans); each token's SBO inputs are the tokens just outside its
+    run and its offset in it, as a direct walk along the row finds them."""
+    from pretrainlab.model.heads import IGNORE
+    from pretrainlab.objectives.spanbert import SpanMaskingCollator
+
+    vocab = 5000
+    continuation = np.zeros(vocab, dtype=bool)
+    continuation[4000:] = True
+    tokens = SpecialTokens(vocab, 0, 1, CLS, SEP, 4, continuation)
+    rng = np.random.default_rng(0)
+    rows = [np.array(words_row(rng, int(rng.integers(40, 100)))[0]) for _ in range(2000)]
+    rows = [np.where(np.array(c) >= 500, c + 3500, c) for c in rows]  # ##pieces at 4000-4499
+    examples = [{"input_ids": r.astype(np.int32)} for r in rows]
+    collate = SpanMaskingCollator(tokens, MaskingConfig(0.15, 0.8, 0.1))
+    kinds = {"mask": 0, "random": 0, "kept": 0}
+    predicted = eligible = 0
+    for start in range(0, 2000, 250):
+        part = examples[start : start + 250]
+        batch = collate(part, torch.Generator().manual_seed(start))
+        positions, labels = batch["mlm_positions"], batch["mlm_labels"]
+        for i, e in enumerate(part):
+            ids = e["input_ids"].astype(np.int64)
+            shown = batch["input_ids"][i].numpy()
+            slots = labels[i] != IGNORE
+            chosen = np.zeros(len(shown), dtype=bool)
+            chosen[positions[i][slots].numpy()] = True
+            predicted, eligible = predicted + chosen.sum(), eligible + len(ids) - 2
+            starts, ends = word_spans(ids > 4, continuation[ids])
+            assert all(chosen[a:b].all() or not chosen[a:b].any() for a, b in zip(starts, ends))
+            # runs of chosen tokens, walked one position at a time
+            p = 0
+            while p < len(ids):
+                if not chosen[p]:
+                    p += 1
+                    continue
+                q = p
+                while q < len(ids) and chosen[q]:
+                    q += 1
+                seen = shown[p:q]
+                if (seen == 4).all():
+                    kinds["mask"] += 1
+                elif (seen == ids[p:q]).all():
+                    kinds["kept"] += 1
+                else:
+                    assert not (seen == 4).any() and (seen != ids[p:q]).mean() > 0.9  # random, drawn per token
+                    kinds["random"] += 1
+                for k in range(p, q):
+                    slot = int((positions[i] == k).nonzero()[0, 0])
+                    assert batch["sbo_left"][i, slot] == p - 1 and batch["sbo_right"][i, slot] == q
+                    assert batch["sbo_offset"][i, slot] == k - p
+                p = q
+            assert (batch["sbo_offset"][i][~slots] == -1).all()
+    assert abs(predicted / eligible - 0.15) < 0.005, predicted / eligible
+    spans = sum(kinds.values())
+    assert spans > 6_000  # sd of the [MASK] share 0.005: within 0.02 is 4 sd
+    assert abs(kinds["mask"] / spans - 0.8) < 0.02 and abs(kinds["random"] / spans - 0.1) < 0.015, kinds

@@ -89,3 +89,14 @@ def test_sweep_is_valid_and_every_generated_run_composes(path: Path, tmp_path):
             assert composed.pretrained == str(tmp_path / "run")
         seen.add(tuple(argv))
     assert len(seen) == len(runs)  # no two runs are the same command
+
+
+def test_the_objective_sweep_compares_every_objective():
+    """An objective added under conf/objective/ is in the comparison sweep, and its offline command."""
+    cfg = yaml.safe_load((ROOT / "sweeps" / "objectives.yaml").read_text())
+    options = sorted(p.stem for p in (ROOT / "conf" / "objective").glob("*.yaml"))
+    assert sorted(cfg["parameters"]["objective"]["values"]) == options
+    offline = next(
+        line for line in (ROOT / "sweeps" / "objectives.yaml").read_text().splitlines() if "-m objective=" in line
+    )
+    assert sorted(offline.split("-m objective=")[1].split()[0].split(",")) == options

@@ -65,16 +65,22 @@ class MaskedLMCollator:
             return select_ngrams(self.eligible(ids), continuation, self.masking.rate, 1, generator)
         return select_tokens(self.eligible(ids), self.masking.rate, generator)
 
-    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+    def corrupt(self, input_ids: torch.Tensor, selected: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """What the model is shown: the selected tokens corrupted 80/10/10, each on its own."""
+        return corrupt(input_ids, selected, self.masking, self.tokens.mask_id, self.random_candidates, generator)
+
+    def masked(self, examples: list[Example], generator: torch.Generator) -> tuple[Batch, torch.Tensor]:
+        """The batch and its selected positions ((batch, seq) bool)."""
         batch = pad_examples(examples, self.tokens.pad_id, length=self.length)
         selected = self.select(batch, generator)
         original = batch["input_ids"]
-        batch["input_ids"] = corrupt(
-            original, selected, self.masking, self.tokens.mask_id, self.random_candidates, generator
-        )
+        batch["input_ids"] = self.corrupt(original, selected, generator)
         slots = None if self.length is None else max_selected(self.length, self.masking.rate)
         batch["mlm_positions"], batch["mlm_labels"] = slot_layout(selected, original, slots)
-        return batch
+        return batch, selected
+
+    def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+        return self.masked(examples, generator)[0]
 
 
 def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:

@@ -1,8 +1,11 @@
 """Pure tensor functions for masked-LM corruption. No global RNG: every call takes a generator.
 
 select_tokens       choose ~rate of the eligible tokens of each row (unbiased, exact per row)
-select_ngrams       ALBERT's n-gram spans over whole words, p(n) proportional to 1/n
-corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable)
+select_ngrams       spans of whole words with a length law: ALBERT's p(n) proportional to 1/n, SpanBERT's
+                    clipped geometric
+corrupt             80% [MASK] / 10% random token / 10% unchanged (rates configurable), per token
+corrupt_spans       the same choice made once per span of consecutive selected tokens (SpanBERT)
+span_boundaries     each selected token's span: the unselected tokens either side, its offset in it
 slot_layout         the selected positions of each row, as (batch, slots) with their labels
 max_selected        the most tokens a row of a given width can have selected (a fixed slot count)
 """
@@ -69,6 +72,13 @@ def ngram_probs(max_n: int) -> np.ndarray:
     return p / p.sum()
 
 
+def geometric_probs(p: float, max_n: int) -> np.ndarray:
+    """SpanBERT's span-length law: Geo(p) over n = 1..max_n words, renormalised (p = 0.2, max_n = 10:
+    mean 3.8 words)."""
+    w = p * (1.0 - p) ** np.arange(max_n)
+    return w / w.sum()
+
+
 def word_spans(eligible_row: np.ndarray, continuation_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Token ranges [start, end) of the words of one row: a first piece plus its continuation pieces."""
     cont = continuation_row & eligible_row
@@ -83,11 +93,17 @@ def word_spans(eligible_row: np.ndarray, continuation_row: np.ndarray) -> tuple[
 
 
 def ngram_spans(
-    starts: np.ndarray, ends: np.ndarray, to_mask: int, max_n: int, generator: torch.Generator
+    starts: np.ndarray,
+    ends: np.ndarray,
+    to_mask: int,
+    max_n: int,
+    generator: torch.Generator,
+    probs: np.ndarray | None = None,
 ) -> list[tuple[int, int]]:
-    """ALBERT n-gram spans over the words of one row, as (first word, number of words).
+    """N-gram spans over the words of one row, as (first word, number of words).
 
-    Each span's length n is drawn with p(n) proportional to 1/n and placed at the next free start
+    Each span's length n is drawn from ``probs`` (p(n) for n = 1..max_n; default ALBERT's
+    ``ngram_probs(max_n)``, p(n) proportional to 1/n) and placed at the next free start
     in a random order of words; a start where n words would overlap an earlier span, run past the
     row or join words that are not adjacent is passed over for this n. Where n words would exceed
     ``to_mask`` (the tokens still to mask), the next shorter n is used. Stops when ``to_mask`` are covered.
@@ -95,9 +111,9 @@ def ngram_spans(
     n_words = len(starts)
     if n_words == 0 or to_mask <= 0:
         return []
-    probs = torch.as_tensor(ngram_probs(max_n), dtype=torch.float64)
+    law = torch.as_tensor(ngram_probs(max_n) if probs is None else probs, dtype=torch.float64)
     order = torch.randperm(n_words, generator=generator).tolist()
-    draws = (torch.multinomial(probs, n_words, replacement=True, generator=generator) + 1).tolist()
+    draws = (torch.multinomial(law, n_words, replacement=True, generator=generator) + 1).tolist()
     adjacent = np.append(ends[:-1] == starts[1:], False)  # word w is followed directly by word w+1
     taken = np.zeros(n_words, dtype=bool)
     spans, covered, d = [], 0, 0
@@ -130,8 +146,10 @@ def select_ngrams(
     rate: float,
     max_n: int,
     generator: torch.Generator,
+    probs: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """Bool (batch, seq): ALBERT n-gram masking of whole words, ~rate of the eligible tokens.
+    """Bool (batch, seq): n-gram masking of whole words, ~rate of the eligible tokens, span lengths
+    drawn from ``probs`` (default ALBERT's, p(n) proportional to 1/n, n <= max_n).
 
     ``continuation`` marks pieces inside a word (WordPiece ``##``): a span never splits a word.
     """
@@ -141,7 +159,7 @@ def select_ngrams(
     out = np.zeros_like(elig)
     for row, to_mask in enumerate(counts_to_mask):
         starts, ends = word_spans(elig[row], cont[row])
-        for w, n in ngram_spans(starts, ends, to_mask, max_n, generator):
+        for w, n in ngram_spans(starts, ends, to_mask, max_n, generator, probs):
             out[row, starts[w] : ends[w + n - 1]] = True
     return torch.from_numpy(out)
 
@@ -182,8 +200,54 @@ def corrupt(
     """A corrupted copy of ``input_ids``: each selected token independently becomes [MASK] with
     ``mask_token_prob``, a random non-special token with ``random_token_prob``, else stays."""
     u = torch.rand(input_ids.shape, generator=generator)
+    return _replace(input_ids, selected, u, masking, mask_id, random_candidates, generator)
+
+
+def corrupt_spans(
+    input_ids: torch.Tensor,
+    selected: torch.Tensor,
+    masking: MaskingConfig,
+    mask_id: int,
+    random_candidates: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """As ``corrupt``, with one choice per span of consecutive selected tokens (SpanBERT): a span is
+    all [MASK] with ``mask_token_prob``, all random tokens (each drawn on its own) with
+    ``random_token_prob``, else unchanged."""
+    u = torch.rand(input_ids.shape, generator=generator)
+    positions = torch.arange(input_ids.shape[1])[None, :].expand_as(input_ids)
+    before = torch.zeros_like(selected)
+    before[:, 1:] = selected[:, :-1]
+    start = torch.where(selected & ~before, positions, -1).cummax(dim=1).values  # each token's span start
+    u = u.gather(1, start.clamp(min=0))
+    return _replace(input_ids, selected, u, masking, mask_id, random_candidates, generator)
+
+
+def _replace(
+    input_ids: torch.Tensor,
+    selected: torch.Tensor,
+    u: torch.Tensor,
+    masking: MaskingConfig,
+    mask_id: int,
+    random_candidates: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     to_mask = selected & (u < masking.mask_token_prob)
     to_random = selected & (u >= masking.mask_token_prob) & (u < masking.mask_token_prob + masking.random_token_prob)
     out = input_ids.masked_fill(to_mask, mask_id)
     picks = torch.randint(len(random_candidates), input_ids.shape, generator=generator)
     return torch.where(to_random, random_candidates[picks], out)
+
+
+def span_boundaries(selected: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(left, right, offset), each shaped as ``positions`` ((batch, slots) selected positions): the
+    last unselected position before each one, the first unselected one after it, and its offset in
+    the run of consecutive selected tokens between them (0 for the first). Adjacent spans are one
+    span here, as SpanBERT merges them. A row's last position counts as unselected past its end."""
+    b, t = selected.shape
+    index = torch.arange(t)[None, :].expand(b, t)
+    last_unselected = torch.where(selected, -1, index).cummax(dim=1).values
+    next_unselected = torch.where(selected, t, index).flip(1).cummin(dim=1).values.flip(1)
+    left = last_unselected.gather(1, positions).clamp(min=0)
+    right = next_unselected.gather(1, positions).clamp(max=t - 1)
+    return left, right, positions - left - 1
