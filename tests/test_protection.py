@@ -193,6 +193,24 @@ def test_resuming_another_objectives_checkpoint_is_refused_before_any_work(train
         run(compose_train(*QUICK, "model=mini", "ckpt_path=last"), copy)
 
 
+def test_a_checkpoint_from_before_a_setting_existed_resumes_at_the_value_it_was_made_with(trained, tmp_path):
+    """A checkpoint recorded before objective.whole_word existed was trained without whole-word
+    masking: it resumes with it off, and is refused for whole-word masking, naming the setting."""
+    from pretrainlab.runtime.checkpoints import KEY
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    last = copy / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    for added in ("whole_word",):
+        del checkpoint[KEY]["objective"][added]  # as recorded before the settings existed
+    torch.save(checkpoint, last)
+    with pytest.raises(CheckpointError, match=r"objective.whole_word=False \(this run: True\)"):
+        run(compose_train(*QUICK, "max_steps=6", "ckpt_path=last", "objective.whole_word=true"), copy)
+    result = run(compose_train(*QUICK, "max_steps=6", "val_every=6", "ckpt_path=last"), copy)
+    assert result["global_step"] == 6
+
+
 def test_a_damaged_tokenizer_file_is_named(trained, tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"version": "1.0", "truncation": nul')

@@ -18,11 +18,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.export.native import CONFIG
+from pretrainlab.runtime.provenance import ADDED_SETTINGS as LEGACY
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, SettingsMismatch, describe, differences
-
-# Settings added since runs were first recorded, at the value every run recorded without them was made
-# with: a run asked for now with another value is another run.
-LEGACY = {"objective.whole_word": False}
 
 
 def data_identity(cfg: DictConfig) -> dict:

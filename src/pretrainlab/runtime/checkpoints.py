@@ -19,6 +19,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from pretrainlab import atomic
+from pretrainlab.runtime.provenance import ADDED_SETTINGS
 
 KEY = "pretrainlab"
 
@@ -114,8 +115,11 @@ def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) 
     if saved is None:
         return checkpoint  # written before checkpoints recorded their run; Lightning's own checks apply
     for part in ("objective", "model"):
-        was, now = saved.get(part) or {}, info.get(part) or {}
+        was, now = dict(saved.get(part) or {}), info.get(part) or {}
         skip = ignore if part == "model" else ()
+        for k in set(now) - set(was):  # a setting added since the checkpoint: at the value it was made with
+            if f"{part}.{k}" in ADDED_SETTINGS:
+                was[k] = ADDED_SETTINGS[f"{part}.{k}"]
         changed = sorted(k for k in set(was) | set(now) if k not in skip and was.get(k) != now.get(k))
         if not changed:
             continue

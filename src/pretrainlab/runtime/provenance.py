@@ -40,6 +40,10 @@ PRETRAINING_HOW = (
     "on_nonfinite",
 )
 
+# Settings added since runs were first recorded, at the value every run recorded without them was made
+# with: a run asked for now with another value is another run (its study record, its checkpoint).
+ADDED_SETTINGS = {"objective.whole_word": False}
+
 
 class SettingsMismatch(ValueError):
     """Finished work made with other settings than those asking for it now."""
