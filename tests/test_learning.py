@@ -143,3 +143,17 @@ def test_spanbert_learns_its_spans_from_context_and_from_their_boundaries(tmp_pa
         assert abs(unigram - baseline) < 0.05 and at_mask > 2 * unigram, (head, at_mask, unigram)
         assert result[f"learning/{head}_loss_at_mask"] < result[f"learning/{head}_unigram_loss"] - 0.5
     assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
+
+
+def test_clm_then_mlm_learns_the_masked_lm_in_its_second_half(tmp_path):
+    """CLM for the first half of 500 steps, then MLM: at the switch the masked LM is at its baseline
+    (a causal phase teaches nothing of [MASK]); at the end it is far above it."""
+    import csv
+
+    result = train(tmp_path, "clm_mlm", 500, "val_every=250")
+    rows = list(csv.DictReader((tmp_path / "learning.csv").open()))
+    at_switch = {r["step"]: r for r in rows}["250"]
+    assert at_switch["status:MLM at [MASK]"] == "at baseline", at_switch
+    at_mask, unigram = result["learning/mlm_acc_at_mask"], result["learning/mlm_unigram_acc"]
+    assert at_mask > 2 * unigram, (at_mask, unigram)
+    assert [c["status"] for c in result["learning"]] == ["past baseline"]

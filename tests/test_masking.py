@@ -258,3 +258,76 @@ def test_the_hybrid_mixes_causal_examples_at_its_share_and_leaves_them_uncorrupt
                 masked_eligible += n - 2
     assert abs(causal_rows / total_rows - 1 / 16) < 0.004, causal_rows / total_rows
     assert abs(masked_predicted / masked_eligible - 0.15) < 0.003
+
+
+def test_a_masking_rate_schedule_moves_linearly_from_its_start_to_its_rate():
+    """mask_rate_start -> mask_rate over the run (Ankner et al., 2024: 0.3 -> 0.15): over 120 batches
+    of 32 rows at each point, the predicted share of the eligible tokens is the rate there (within
+    0.004), and with a fixed length every batch keeps the slots of the schedule's peak."""
+    from pretrainlab.objectives.masking import max_selected
+
+    masking = MaskingConfig(0.15, 0.8, 0.1, rate_start=0.3)
+    assert masking.scheduled and masking.peak_rate == 0.3
+    assert [masking.at(p).rate for p in (0.0, 0.5, 1.0, 2.0)] == pytest.approx([0.3, 0.225, 0.15, 0.15])
+    assert not MaskingConfig(0.15).scheduled and not MaskingConfig(0.15, rate_start=0.15).scheduled
+    with pytest.raises(ValueError, match="mask_rate_start must be in"):
+        MaskingConfig(0.15, rate_start=1.5)
+    collate = MaskedLMCollator(TOKENS, masking, length=128)
+    resolved = collate.at(0.3)
+    assert resolved.at(0.9) is resolved  # a collator at a point of the run is constant
+    rng = np.random.default_rng(0)
+    for progress, rate in ((0.0, 0.3), (0.5, 0.225), (1.0, 0.15)):
+        g = torch.Generator().manual_seed(7)
+        predicted = eligible = 0
+        for _ in range(120):
+            examples = [{"input_ids": np.array([2, *rng.integers(5, V, 100), 3])} for _ in range(32)]
+            batch = collate.at(progress)(examples, g)
+            assert batch["mlm_positions"].shape == (32, max_selected(128, 0.3))
+            predicted += int((batch["mlm_labels"] != -100).sum())
+            eligible += 32 * 100
+        assert abs(predicted / eligible - rate) < 0.004, (progress, predicted / eligible)
+
+
+def test_scheduled_batches_are_made_at_their_optimizer_steps_place_in_the_run():
+    """Each training batch is made by the collator at its optimizer step's progress: steps count on
+    across epochs (21 per epoch here) and are shared by the micro-batches of an accumulation."""
+    from pretrainlab.data.batches import EpochBatches, MaskedBatches
+    from pretrainlab.optim import StepProgress
+
+    class Recorder:
+        def at(self, progress):
+            return lambda examples, generator: {"progress": progress, "n": len(examples)}
+
+    sampler = EpochBatches(21 * 8, 4, seed=0, accumulate=2)
+    dataset = MaskedBatches(list(range(21 * 8)), Recorder(), seed=0, progress=StepProgress(30))
+    made = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        made += [(key.step, dataset[key]["progress"]) for key in sampler]
+    steps = [s for s, _ in made]
+    assert steps == [s for s in range(42) for _ in range(2)]  # two micro-batches per step, epochs follow on
+    assert [p for _, p in made] == [min(1.0, s / 30) for s in steps]
+    sampler.resume_at(2 * 5)  # a run resumed at step 5 of an epoch carries on with step 5's batches
+    assert next(iter(sampler)).step == 21 + 5
+
+
+def test_clm_then_mlm_trains_causal_examples_first_then_masked_ones():
+    """GPT-BERT's two phases (causal_first = 0.5, share 0 after): before half the run every row is
+    causal (uncorrupted, next tokens); after it the batch is RoBERTa's (15% predicted, no causal
+    rows); the collator as it is, and validation, are the run's end."""
+    from pretrainlab.model.heads import IGNORE
+    from pretrainlab.objectives.gpt_bert import HybridCollator
+
+    collate = HybridCollator(TOKENS, MaskingConfig(0.15, 0.8, 0.1), causal_share=0.0, causal_first=0.5)
+    rows = examples(64)
+    early = collate.at(0.49)(rows, torch.Generator().manual_seed(0))
+    assert early["causal"].all() and (early["mlm_labels"] == IGNORE).all()
+    for i, e in enumerate(rows):
+        n = len(e["input_ids"])
+        assert early["input_ids"][i, :n].tolist() == e["input_ids"].tolist()
+    for late in (collate.at(0.5), collate):
+        batch = late(rows, torch.Generator().manual_seed(0))
+        assert "causal" not in batch and "clm_labels" not in batch
+        predicted = int((batch["mlm_labels"] != IGNORE).sum())
+        eligible = sum(len(e["input_ids"]) - 3 for e in rows)  # [CLS] and two [SEP] per row
+        assert abs(predicted / eligible - 0.15) < 0.01

@@ -308,11 +308,17 @@ def test_every_objective_keeps_the_plugin_contract(name):
         assert head[0].endswith(("ForMaskedLM", "ForPreTraining")) and all(torch.is_tensor(t) for t in head[1].values())
 
 
-@pytest.mark.parametrize("name", [p.stem for p in sorted((CONF / "objective").glob("*.yaml"))])
-def test_flops_per_token_is_what_a_count_of_the_step_finds(name):
+@pytest.mark.parametrize(
+    "name, schedule",
+    [(p.stem, []) for p in sorted((CONF / "objective").glob("*.yaml"))]
+    + [("roberta", ["objective.mask_rate_start=0.4"]), ("electra", ["objective.mask_rate_start=0.4"])],
+)
+def test_flops_per_token_is_what_a_count_of_the_step_finds(name, schedule):
     """Budgets compare objectives by flops_per_token: it must agree with torch's count of the matmul
     and attention FLOPs of a real training step (forward and backward) on full-length sequences
-    (attention dropout on: the attention runs as counted matmuls on the CPU), within 3%."""
+    (attention dropout on: the attention runs as counted matmuls on the CPU), within 3%; for an
+    objective whose batches change over the run (a masking-rate schedule, CLM then MLM), at its start
+    and its end (``flops_at``), and their mean over the run is what budgets plan with."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from pretrainlab.pretraining.run import build_objective
@@ -326,16 +332,28 @@ def test_flops_per_token_is_what_a_count_of_the_step_finds(name):
     torch.manual_seed(0)
     # the hybrid's share is an expectation: at a quarter, a batch of 8 holds exactly 2 causal rows
     extra = ["objective.causal_share=0.25"] if name == "gpt_bert" else []
-    objective = build_objective(compose_train(f"objective={name}", *extra), config, tokens)
+    objective = build_objective(compose_train(f"objective={name}", *extra, *schedule), config, tokens)
     examples = list(objective.example_builder(128)(random_documents(400, vocab=(5, vocab)), np.random.default_rng(0)))
     full = [e for e in examples if len(e["input_ids"]) == 128][:8]
     assert len(full) == 8
-    batch = objective.collator(128)(full, torch.Generator().manual_seed(0))
     encoder = Encoder(config)
-    with FlopCounterMode(display=False) as counter:
-        objective(encoder, batch).loss.backward()
-    ratio = counter.get_total_flops() / int(batch["n_tokens"]) / objective.flops_per_token(config, 128)
-    assert 0.97 < ratio < 1.03, ratio
+    assert objective.scheduled == bool(schedule or name == "clm_mlm")
+    for progress in (0.0, 1.0) if objective.scheduled else (None,):
+        # a schedule's fixed-length batches keep the slots of its peak rate (CUDA graphs' static
+        # shapes): the FLOPs counted are the rate's, which padded-to-fit batches compute
+        collate = objective.collator(128 if progress is None else None)
+        batch = (collate if progress is None else collate.at(progress))(full, torch.Generator().manual_seed(0))
+        with FlopCounterMode(display=False) as counter:
+            objective(encoder, batch).loss.backward()
+        expected = (
+            objective.flops_per_token(config, 128) if progress is None else objective.flops_at(config, 128, progress)
+        )
+        ratio = counter.get_total_flops() / int(batch["n_tokens"]) / expected
+        assert 0.97 < ratio < 1.03, (progress, ratio)
+    if objective.scheduled:  # both schedules here are linear, or two halves: the mean of the ends
+        ends = (objective.flops_at(config, 128, 0.0) + objective.flops_at(config, 128, 1.0)) / 2
+        assert objective.mean_flops_per_token(config, 128) == pytest.approx(ends, rel=2e-3)
+        assert objective.flops_at(config, 128, 0.0) != objective.flops_at(config, 128, 1.0)
 
 
 def test_causal_lm_predicts_each_next_token_from_its_prefix_alone():

@@ -194,15 +194,16 @@ def test_resuming_another_objectives_checkpoint_is_refused_before_any_work(train
 
 
 def test_a_checkpoint_from_before_a_setting_existed_resumes_at_the_value_it_was_made_with(trained, tmp_path):
-    """A checkpoint recorded before objective.whole_word existed was trained without whole-word
-    masking: it resumes with it off, and is refused for whole-word masking, naming the setting."""
+    """A checkpoint recorded before objective.whole_word and objective.mask_rate_start existed was
+    trained without whole-word masking and at a constant rate: it resumes with them off, and is
+    refused for whole-word masking, naming the setting."""
     from pretrainlab.runtime.checkpoints import KEY
 
     copy = tmp_path / "run"
     shutil.copytree(trained, copy)
     last = copy / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
-    for added in ("whole_word",):
+    for added in ("whole_word", "mask_rate_start"):
         del checkpoint[KEY]["objective"][added]  # as recorded before the settings existed
     torch.save(checkpoint, last)
     with pytest.raises(CheckpointError, match=r"objective.whole_word=False \(this run: True\)"):

@@ -216,11 +216,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("objective, accumulate", [("roberta", 1), ("roberta", 2), ("xlnet", 1)])
+@pytest.mark.parametrize("objective, accumulate", [("roberta", 1), ("roberta", 2), ("xlnet", 1), ("clm_mlm", 1)])
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, objective, accumulate):
     """The signal arrives during the step that closes epoch 0 (21 steps per epoch here), and, with
     accumulation, during the step's first micro-batch: the run finishes that step, saves it and exits
-    143, and the resumed run repeats the uninterrupted losses from there on."""
+    143, and the resumed run repeats the uninterrupted losses from there on (CLM then MLM: in its
+    masked phase, which the resumed run must find from the step it resumes at)."""
     from pretrainlab.pretraining.module import PretrainModule
 
     overrides = [*RESUME, f"objective={objective}", "max_steps=26", f"device_batch_size={16 // accumulate}"]

@@ -145,6 +145,7 @@ def test_bad_settings_fail_early_with_a_clear_message(tmp_path, overrides, messa
         ("optim.lr=0", "optim.lr=0: must be positive"),
         ("budget.tokens=-5", "budget.tokens=-5: must be positive"),
         ("objective.mask_rate=1.5", "objective.mask_rate must be in"),
+        ("objective.mask_rate_start=0", "objective.mask_rate_start must be in"),
         ("model.num_heads=3", "not divisible by model.num_heads=3"),
     ],
 )
@@ -217,3 +218,52 @@ def test_cli_default_logger_writes_an_offline_wandb_run(tmp_path):
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "encoder" / "encoder.safetensors").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["objective.mask_rate_start=0.3", "budget.minutes=5"], "a budget in minutes does not say ahead"),
+        (["objective=clm_mlm", "data=wikibooks"], "a streamed corpus does not number its batches"),
+        (["objective=gpt_bert", "objective.causal_share=0"], "a share of 0 throughout is objective=roberta"),
+    ],
+)
+def test_a_schedule_that_cannot_be_followed_is_refused_before_any_work(tmp_path, monkeypatch, overrides, message):
+    def no_work(*a, **k):
+        raise AssertionError("the corpus was read before the settings were checked")
+
+    monkeypatch.setattr("pretrainlab.pretraining.run.PretrainData", no_work)
+    with pytest.raises(ValueError, match=message):
+        run(compose_train(*[o for o in SMALL if not o.startswith("data.")], "max_steps=2", *overrides), tmp_path)
+
+
+def test_a_scheduled_runs_flops_are_each_steps_tokens_at_its_own_cost_and_its_budget_holds(tmp_path):
+    """A masking rate moving from 0.4 to 0.15 under a FLOPs budget: the run counts each step's
+    tokens at the FLOPs per token of its rate (validated every step here, so learning.csv holds
+    every step's tokens and FLOPs), plans its steps with their mean, and stops at the budget."""
+    import re
+
+    from pretrainlab.model.encoder import EncoderConfig
+    from pretrainlab.optim import StepProgress
+    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.runtime.checkpoints import KEY
+    from pretrainlab.tokens import SpecialTokens
+
+    budget = 6.0e10
+    cfg = compose_train(
+        *SMALL, "objective.mask_rate_start=0.4", f"budget.flops={budget}", "val_every=1", "export=false"
+    )
+    run(cfg, tmp_path)
+    rows = list(csv.DictReader((tmp_path / "learning.csv").open()))
+    assert [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1)) and len(rows) > 10
+    config = EncoderConfig(**torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)[KEY]["model"])
+    objective = build_objective(cfg, config, SpecialTokens(config.vocab_size, 0, 1, 2, 3, 4, None))
+    planned = int(re.search(r"scheduled over (\d+) planned", (tmp_path / "train.log").read_text()).group(1))
+    assert abs(planned - len(rows)) <= 1
+    place = StepProgress(planned)
+    tokens = np.diff([0.0, *(float(r["tokens"]) for r in rows)])
+    flops = np.cumsum([t * objective.flops_at(config, 64, place(k)) for k, t in enumerate(tokens)])
+    np.testing.assert_allclose([float(r["flops"]) for r in rows], flops, rtol=1e-9)
+    at_start = float(rows[-1]["tokens"]) * objective.flops_at(config, 64, 0.0)  # 0.4 throughout
+    assert flops[-1] < 0.95 * at_start  # the rate went down, and so did the cost
+    assert flops[-2] < budget <= flops[-1]

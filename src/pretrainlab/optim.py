@@ -4,10 +4,12 @@ compute budget that decides how long pretraining runs.
     OptimConfig   AdamW settings (conf/optim/, and fine-tuning's optim node); builds the optimizer
     Budget        steps, tokens, FLOPs or minutes; counts its own use and progress, and fits the
                   schedule to it
+    StepProgress  an optimizer step's place in the run (0 to 1), for settings scheduled over it
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +109,22 @@ def budget_lr_factor(
 KINDS = ("steps", "tokens", "flops", "minutes")
 
 
+@dataclass(frozen=True)
+class StepProgress:
+    """Where an optimizer step is in the run, from 0 (the first step) to 1 (the last planned one and
+    any after it): what a setting scheduled over the run (a masking rate, a causal phase) follows.
+    A function of the step alone, so data workers, resumed runs and every rank agree on it."""
+
+    planned_steps: int
+
+    def __post_init__(self) -> None:
+        if self.planned_steps < 1:
+            raise ValueError(f"a schedule needs at least one planned step, got {self.planned_steps}")
+
+    def __call__(self, step: int) -> float:
+        return min(1.0, step / self.planned_steps)
+
+
 @dataclass
 class Budget:
     """How long pretraining runs, in one unit: optimizer ``steps``, training ``tokens``, training
@@ -151,6 +169,15 @@ class Budget:
     def progress(self) -> float:
         return self.used / self.total
 
+    def planned_steps(self) -> int | None:
+        """The optimizer steps the budget is expected to take: ``total`` for a step budget, ``total``
+        over the first estimate per step for tokens and FLOPs; None for minutes (not known ahead)."""
+        if self.kind == "steps":
+            return int(self.total)
+        if self.kind == "minutes" or not self.expected_per_step:
+            return None
+        return max(1, int(math.ceil(self.total / self.expected_per_step)))
+
     @property
     def reached(self) -> bool:
         """Whether training should stop (a step budget is left to the trainer's max_steps)."""
@@ -175,4 +202,4 @@ class Budget:
         )
 
 
-__all__ = ["Budget", "KINDS", "OptimConfig", "budget_lr_factor", "lr_lambda"]
+__all__ = ["KINDS", "Budget", "OptimConfig", "StepProgress", "budget_lr_factor", "lr_lambda"]

@@ -10,7 +10,7 @@ masked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,6 +29,7 @@ class BatchKey:
     index: int
     example_ids: tuple[int, ...]
     global_tokens: int | None = None  # tokens of this micro-batch on every rank together (with lengths)
+    step: int = 0  # the optimizer step it is trained in (epochs of equal length follow each other)
 
 
 class EpochBatches(Sampler):
@@ -118,7 +119,11 @@ class EpochBatches(Sampler):
                     )
                 # masks are seeded by the key's index: unique per (step, rank, micro-batch)
                 yield BatchKey(
-                    self.epoch, (b * self.world_size + self.rank) * a + m, tuple(int(i) for i in part), tokens
+                    self.epoch,
+                    (b * self.world_size + self.rank) * a + m,
+                    tuple(int(i) for i in part),
+                    tokens,
+                    self.epoch * self.num_global_batches() + b,
                 )
 
 
@@ -161,10 +166,11 @@ class MaskedBatches(Dataset):
 
     The masking generator is seeded by (seed, epoch, batch index), so the masks of a batch do not
     depend on worker count, on which process builds it, or on whether the run was resumed; and a
-    new epoch gives new masks (dynamic masking)."""
+    new epoch gives new masks (dynamic masking). With ``progress`` (an objective whose batches
+    change over the run), each batch is made by ``collator.at(progress(key.step))``."""
 
-    def __init__(self, store: ExampleStore, collator, seed: int):
-        self.store, self.collator, self.seed = store, collator, seed
+    def __init__(self, store: ExampleStore, collator, seed: int, progress: Callable[[int], float] | None = None):
+        self.store, self.collator, self.seed, self.progress = store, collator, seed, progress
 
     def __len__(self) -> int:
         return len(self.store)
@@ -173,7 +179,8 @@ class MaskedBatches(Dataset):
         g = torch.Generator().manual_seed(
             int(np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(1)[0])
         )
-        batch = self.collator([self.store[i] for i in key.example_ids], g)
+        collator = self.collator if self.progress is None else self.collator.at(self.progress(key.step))
+        batch = collator([self.store[i] for i in key.example_ids], g)
         if key.global_tokens is not None:
             batch["global_tokens"] = torch.tensor(key.global_tokens)
         return batch

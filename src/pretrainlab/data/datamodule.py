@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
@@ -39,6 +41,9 @@ class PretrainDataModule(L.LightningDataModule):
         self.val_documents, self.buffer_documents = val_documents, buffer_documents
         self.train_store: ExampleStore | None = None
         self.val_store: ExampleStore | None = None
+        # an objective whose batches change over the run: each training batch's place in it (from its
+        # optimizer step); validation batches are those of the run's end
+        self.progress: Callable[[int], float] | None = None
 
     def prepare(self) -> None:
         """Build (or load) both splits now: cheap when cached, and errors surface before training."""
@@ -112,7 +117,7 @@ class PretrainDataModule(L.LightningDataModule):
             lengths=store.lengths,
         )
         return self._loader(
-            MaskedBatches(store, self.collator, self.seed),
+            MaskedBatches(store, self.collator, self.seed, self.progress),
             sampler,
             ResumableLoader,
             step_fn=self._global_step,
@@ -140,7 +145,8 @@ class PretrainDataModule(L.LightningDataModule):
         sampler = EpochBatches(
             n, bs, self.seed, shuffle=False, drop_last=True, rank=rank, world_size=world, follow_epochs=False
         )
-        return self._loader(MaskedBatches(store, self.collator, self.seed + 1), sampler)
+        collator = self.collator if self.progress is None else self.collator.at(1.0)
+        return self._loader(MaskedBatches(store, collator, self.seed + 1), sampler)
 
 
 __all__ = ["PretrainDataModule"]

@@ -46,4 +46,4 @@ class ALBERT(BERT):
         self.max_ngram = max_ngram
 
     def collator(self, length: int | None = None) -> NgramMaskingCollator:
-        return NgramMaskingCollator(self.tokens, self.masking, length, self.max_ngram)
+        return NgramMaskingCollator(self.tokens, self.masking, length, max_ngram=self.max_ngram)

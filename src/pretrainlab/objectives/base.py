@@ -22,6 +22,12 @@ head, its loss, FLOPs and export.
         @classmethod
         def hf_head(cls, state, arch) -> tuple[str, dict] | None          # its head for transformers
 
+An objective whose batches change over the run (a masking rate that moves, a phase of causal
+examples before masked ones) says ``scheduled``; its collator then has ``at(progress)``, the
+collator of that point of the run (0 to 1, the optimizer step over the steps the budget plans), and
+``settings_at(progress)`` puts its own settings there, so that ``flops_at`` (the FLOPs per token of
+a step there) and ``mean_flops_per_token`` (over the run) follow the schedule.
+
 A batch (what the collator returns and ``forward`` receives) is a dict of tensors. Every batch has
 the keys of :data:`BATCH_KEYS`, which the training loop relies on; the rest are the objective's own
 (``token_type_ids``, ``labels``, ``mlm_positions``, ``mlm_labels``, ...). Collators take a fixed
@@ -30,6 +36,8 @@ the keys of :data:`BATCH_KEYS`, which the training loop relies on; the rest are 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -63,6 +71,13 @@ class Collator(Protocol):
     """Turns a list of examples into a batch; all randomness comes from ``generator``."""
 
     def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch: ...
+
+
+class ScheduledCollator(Collator, Protocol):
+    """The collator of a ``scheduled`` objective: ``at(progress)`` is the collator at that point of
+    the run (0 to 1)."""
+
+    def at(self, progress: float) -> Collator: ...
 
 
 class Objective(nn.Module):
@@ -101,9 +116,33 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
-        """Training FLOPs (forward + backward) per input token. Default: the encoder alone. A
-        function of shapes only, so budgets are known before any weight exists."""
+        """Training FLOPs (forward + backward) per input token, at the objective's settings as they
+        stand. Default: the encoder alone. A function of shapes only, so budgets are known before
+        any weight exists."""
         return flops_per_token(encoder_config, seq_len)
+
+    # --- settings that move over the run (see the module docstring) ------------------------------
+    @property
+    def scheduled(self) -> bool:
+        """Whether its batches change over the run. Default: no."""
+        return False
+
+    @contextmanager
+    def settings_at(self, progress: float) -> Iterator[None]:
+        """Within the block, the objective's settings are those at ``progress`` (0 to 1) of the run."""
+        yield
+
+    def flops_at(self, encoder_config: EncoderConfig, seq_len: int, progress: float) -> float:
+        """Training FLOPs per token of a step at ``progress`` (0 to 1) of the run."""
+        with self.settings_at(progress):
+            return self.flops_per_token(encoder_config, seq_len)
+
+    def mean_flops_per_token(self, encoder_config: EncoderConfig, seq_len: int, points: int = 1000) -> float:
+        """Training FLOPs per token over the whole run: what budgets plan with (the steps of a run
+        take the same tokens, so its FLOPs are the steps' mean cost times its tokens)."""
+        if not self.scheduled:
+            return self.flops_per_token(encoder_config, seq_len)
+        return float(np.mean([self.flops_at(encoder_config, seq_len, (i + 0.5) / points) for i in range(points)]))
 
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
         """The zero-shot score of each sequence (``[CLS] ... [SEP]`` token ids), as the objective's
@@ -175,4 +214,13 @@ def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int =
     return batch
 
 
-__all__ = ["BATCH_KEYS", "Batch", "Collator", "Objective", "ObjectiveOutput", "by_length", "pad_examples"]
+__all__ = [
+    "BATCH_KEYS",
+    "Batch",
+    "Collator",
+    "Objective",
+    "ObjectiveOutput",
+    "ScheduledCollator",
+    "by_length",
+    "pad_examples",
+]

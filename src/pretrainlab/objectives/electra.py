@@ -32,7 +32,7 @@ from pretrainlab.objectives.learning import (
     masked_metrics,
     masked_tally,
 )
-from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
+from pretrainlab.objectives.masked_lm import MaskedLMCollator, MaskingSchedule, mlm_head_flops
 from pretrainlab.objectives.masking import MaskingConfig
 from pretrainlab.tokens import SpecialTokens
 
@@ -49,7 +49,7 @@ class ElectraCollator(MaskedLMCollator):
         return batch
 
 
-class ELECTRA(Objective):
+class ELECTRA(MaskingSchedule, Objective):
     """Replaced-token detection by the shared encoder (exported as a transformers ELECTRA
     discriminator), with a masked-LM generator of ``generator_scale`` x its width."""
 
@@ -64,6 +64,7 @@ class ELECTRA(Objective):
         mask_token_prob: float = 0.85,
         random_token_prob: float = 0.0,
         whole_word: bool = False,
+        mask_rate_start: float | None = None,
         generator_scale: float = 0.25,
         gen_weight: float = 1.0,
         disc_weight: float = 50.0,
@@ -74,7 +75,7 @@ class ELECTRA(Objective):
             raise ValueError(f"objective.generator_scale must be in (0, 1], got {generator_scale}.")
         if temperature <= 0:
             raise ValueError(f"objective.temperature must be positive, got {temperature}.")
-        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word)
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word, mask_rate_start)
         self.gen_weight, self.disc_weight, self.temperature = gen_weight, disc_weight, temperature
         self.generator_scale = generator_scale
         self.generator_config = encoder_config.scaled(generator_scale)

@@ -10,11 +10,20 @@ from the position before it (its "masked next-token prediction", so that one shi
 both modes); here a masked token is predicted at its own position, as every other masked LM of the
 platform does, so that the hybrid differs from RoBERTa and from the causal LM only in the mix. The
 loss is the mean over every predicted token of the batch, both kinds together.
+
+Two phases, causal then masked (``causal_first``; Gisserot-Boukhlef et al., 2025, "Should We Still
+Pretrain Encoders with Masked Language Modeling?": CLM then MLM at a fixed budget): for that share of
+the run every example is causal, then ``causal_share`` of them (0: RoBERTa's masked LM alone, the
+``clm_mlm`` objective). The phase follows the optimizer step over the steps the budget plans, as
+every schedule does; held-out batches are those of the run's end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -36,11 +45,22 @@ class HybridCollator(MaskedLMCollator):
     """Pads; ``causal_share`` of the examples (stochastically rounded per batch, chosen at random)
     are causal, the others masked as RoBERTa's. ``causal`` (batch,) says which; ``mlm_positions``
     and ``mlm_labels`` ((batch, slots)) hold the masked rows' predictions, ``clm_labels`` ((batch,
-    seq)) the causal rows' next tokens (``IGNORE`` in the other kind's rows)."""
+    seq)) the causal rows' next tokens (``IGNORE`` in the other kind's rows). At a share of 0 the
+    batch is RoBERTa's (no causal keys).
+
+    ``causal_first``: the share of the run, from its start, in which every example is causal (CLM
+    then MLM); ``at(progress)`` resolves it. Called as it is, the collator is that of the run's end."""
 
     causal_share: float = 1 / 16
+    causal_first: float = 0.0
+
+    def at(self, progress: float) -> HybridCollator:
+        share = 1.0 if progress < self.causal_first else self.causal_share
+        return replace(cast(HybridCollator, super().at(progress)), causal_share=share, causal_first=0.0)
 
     def __call__(self, examples: list[Example], generator: torch.Generator) -> Batch:
+        if self.causal_share == 0:
+            return MaskedLMCollator.__call__(self, examples, generator)
         n = len(examples)
         k = int(np.floor(n * self.causal_share + torch.rand((), generator=generator, dtype=torch.float64).item()))
         causal = torch.zeros(n, dtype=torch.bool)
@@ -60,7 +80,8 @@ class HybridCollator(MaskedLMCollator):
 
 
 class GPTBERT(RoBERTa):
-    """Masked and causal examples in one batch (see the module docstring)."""
+    """Masked and causal examples in one batch (see the module docstring); with ``causal_first``,
+    causal examples alone for that share of the run first (CLM then MLM)."""
 
     def __init__(
         self,
@@ -68,18 +89,39 @@ class GPTBERT(RoBERTa):
         tokens: SpecialTokens,
         name: str = "gpt_bert",
         causal_share: float = 1 / 16,
+        causal_first: float = 0.0,
         **masking,
     ):
         super().__init__(encoder_config, tokens, name, **masking)
-        if not 0.0 < causal_share < 1.0:
+        if not 0.0 <= causal_first < 1.0:
             raise ValueError(
-                f"objective.causal_share must be in (0, 1), got {causal_share}: 0 is objective=roberta, 1 is "
-                f"objective=clm."
+                f"objective.causal_first must be in [0, 1) (the share of the run trained causal first), got {causal_first}."
             )
-        self.causal_share = causal_share
+        if not 0.0 <= causal_share < 1.0 or (causal_share == 0 and causal_first == 0):
+            raise ValueError(
+                f"objective.causal_share must be in (0, 1), or 0 after a causal phase (objective.causal_first > 0), "
+                f"got {causal_share}: a share of 0 throughout is objective=roberta, 1 is objective=clm."
+            )
+        self.causal_share, self.causal_first = float(causal_share), float(causal_first)
 
     def collator(self, length: int | None = None) -> HybridCollator:
-        return HybridCollator(self.tokens, self.masking, length, causal_share=self.causal_share)
+        return HybridCollator(
+            self.tokens, self.masking, length, causal_share=self.causal_share, causal_first=self.causal_first
+        )
+
+    @property
+    def scheduled(self) -> bool:
+        return self.masking.scheduled or self.causal_first > 0
+
+    @contextmanager
+    def settings_at(self, progress: float) -> Iterator[None]:
+        share = self.causal_share
+        self.causal_share = 1.0 if progress < self.causal_first else share
+        try:
+            with super().settings_at(progress):
+                yield
+        finally:
+            self.causal_share = share
 
     def hidden(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
         """Every position's last layer, each row under its own pattern: causal rows causal, masked rows
@@ -91,7 +133,11 @@ class GPTBERT(RoBERTa):
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
         """One loss, the mean over every predicted token of the batch, both kinds together (their
         rows and labels side by side; a batch may hold no causal row). Each kind's accuracy is in
-        the held-out checks (``learning/mlm_*``, ``learning/clm_*``)."""
+        the held-out checks (``learning/mlm_*``, ``learning/clm_*``). A batch without causal rows
+        (a share of 0) is RoBERTa's: the last layer runs at the masked rows only."""
+        if "clm_labels" not in batch:
+            loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
+            return ObjectiveOutput(loss, {"lm_loss": loss.detach(), "lm_acc": acc})
         hidden = self.hidden(encoder, batch)
         positions = batch["mlm_positions"]
         at_masked = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))
@@ -104,6 +150,8 @@ class GPTBERT(RoBERTa):
     def tally(self, encoder: Encoder, batch: Batch) -> Tally:
         """The masked rows' counts (as RoBERTa's, ``mlm_*``) and the causal rows' (as the causal LM's,
         ``clm_*``)."""
+        if "clm_labels" not in batch:
+            return self.mlm_tally(self.encode(encoder, batch), encoder, batch)
         hidden = self.hidden(encoder, batch)
         positions = batch["mlm_positions"]
         at_masked = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))
@@ -122,17 +170,23 @@ class GPTBERT(RoBERTa):
         return {**masked, **causal}
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
-        mlm = masked_metrics("mlm", tally, self.token_counts)
-        clm = masked_metrics("clm", tally, self.token_counts)
-        return {**mlm, **clm}, [
-            masked_check("MLM at [MASK]", "mlm", mlm),
-            masked_check("next token", "clm", clm, where="the next token"),
-        ]
+        """Each kind's head beside its baseline, for the kinds the held-out batches hold (those of the
+        run's end: after a causal phase, the masked rows alone)."""
+        metrics: dict[str, float] = {}
+        checks = []
+        for prefix, head, where in (("mlm", "MLM at [MASK]", "[MASK]"), ("clm", "next token", "the next token")):
+            if tally.get(f"{prefix}_n_mask"):
+                m = masked_metrics(prefix, tally, self.token_counts)
+                metrics |= m
+                checks.append(masked_check(head, prefix, m, where=where))
+        return metrics, checks
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         """Every row of the encoder (a causal example needs them all; the masked ones run in the same
-        forward) and the head at the predicted tokens of both kinds."""
+        forward) and the head at the predicted tokens of both kinds; at a share of 0, RoBERTa's."""
         share, rate = self.causal_share, self.masking.rate
+        if share == 0:
+            return super().flops_per_token(encoder_config, seq_len)
         return flops_per_token(encoder_config, seq_len) + mlm_head_flops(encoder_config, share + (1 - share) * rate)
 
 

@@ -10,7 +10,9 @@ mlm_head_flops    the cost of a sparse tied MLM head
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -47,6 +49,14 @@ class MaskedLMCollator:
     tokens: SpecialTokens
     masking: MaskingConfig
     length: int | None = None
+    slot_rate: float | None = None  # the rate fixed slots are sized for (a schedule's peak); None: the rate
+
+    def at(self, progress: float) -> MaskedLMCollator:
+        """The collator at ``progress`` (0 to 1) of the run: its masking rate there (a schedule), with
+        the slots of the schedule's peak, so that fixed shapes stay fixed."""
+        if not self.masking.scheduled:
+            return self
+        return replace(self, masking=self.masking.at(progress), slot_rate=self.masking.peak_rate)
 
     @cached_property
     def random_candidates(self) -> torch.Tensor:
@@ -75,7 +85,7 @@ class MaskedLMCollator:
         selected = self.select(batch, generator)
         original = batch["input_ids"]
         batch["input_ids"] = self.corrupt(original, selected, generator)
-        slots = None if self.length is None else max_selected(self.length, self.masking.rate)
+        slots = None if self.length is None else max_selected(self.length, self.slot_rate or self.masking.peak_rate)
         batch["mlm_positions"], batch["mlm_labels"] = slot_layout(selected, original, slots)
         return batch, selected
 
@@ -90,10 +100,31 @@ def mlm_head_flops(encoder_config: EncoderConfig, mask_rate: float) -> float:
     return 3.0 * mask_rate * per_scored
 
 
-class MaskedLM(Objective):
+class MaskingSchedule:
+    """What an objective with a ``masking`` (a :class:`MaskingConfig`) needs for a masking rate that
+    moves over the run: ``scheduled`` and ``settings_at``."""
+
+    masking: MaskingConfig
+
+    @property
+    def scheduled(self) -> bool:
+        return self.masking.scheduled
+
+    @contextmanager
+    def settings_at(self, progress: float) -> Iterator[None]:
+        fixed = self.masking
+        self.masking = fixed.at(progress)
+        try:
+            yield
+        finally:
+            self.masking = fixed
+
+
+class MaskedLM(MaskingSchedule, Objective):
     """A masked-LM objective: ``mask_rate`` of the tokens are predicted (whole words with
     ``whole_word``), of which ``mask_token_prob`` are shown as ``[MASK]``, ``random_token_prob`` as
-    a random token and the rest unchanged. The head (dense, GELU, LayerNorm, decoder tied to the word embeddings) scores
+    a random token and the rest unchanged. With ``mask_rate_start``, the rate moves linearly from it
+    at the start of the run to ``mask_rate`` at its end (validation masks at ``mask_rate``). The head (dense, GELU, LayerNorm, decoder tied to the word embeddings) scores
     the masked positions only, and the encoder's last layer computes only those rows.
 
     Subclasses choose the examples (``example_builder``) and may add heads; ``forward`` of a plain
@@ -108,9 +139,10 @@ class MaskedLM(Objective):
         mask_token_prob: float = 0.8,
         random_token_prob: float = 0.1,
         whole_word: bool = False,
+        mask_rate_start: float | None = None,
     ):
         super().__init__(encoder_config, tokens, name)
-        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word)
+        self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word, mask_rate_start)
         self.mlm_head = MaskedLMHead.for_encoder(encoder_config)
 
     def collator(self, length: int | None = None) -> MaskedLMCollator:
@@ -208,4 +240,4 @@ class MaskedLM(Objective):
         return head_class, tensors
 
 
-__all__ = ["MaskedLM", "MaskedLMCollator", "mlm_head_flops"]
+__all__ = ["MaskedLM", "MaskedLMCollator", "MaskingSchedule", "mlm_head_flops"]

@@ -12,7 +12,7 @@ max_selected        the most tokens a row of a given width can have selected (a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -25,16 +25,22 @@ class MaskingConfig:
     """How many tokens to predict, whether whole words are chosen, and what the model sees in their
     place. ``whole_word``: every piece of a chosen word is predicted (WordPiece's ``##`` pieces, a
     byte-level BPE's pieces without a leading space): words are chosen until the rate's tokens are
-    covered, as ``select_ngrams`` with n-grams of one word."""
+    covered, as ``select_ngrams`` with n-grams of one word.
+
+    ``rate_start``: the rate at the start of training, moving linearly to ``rate`` at its end (a
+    masking-rate schedule, Ankner et al., 2024: 0.3 -> 0.15); None keeps ``rate`` throughout.
+    ``at(progress)`` is the constant config at a point of the run (0 to 1)."""
 
     rate: float = 0.15
     mask_token_prob: float = 0.8
     random_token_prob: float = 0.1
     whole_word: bool = False
+    rate_start: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.rate < 1.0:
-            raise ValueError(f"objective.mask_rate must be in (0, 1), got {self.rate}.")
+        for name, rate in (("mask_rate", self.rate), ("mask_rate_start", self.rate_start)):
+            if rate is not None and not 0.0 < rate < 1.0:
+                raise ValueError(f"objective.{name} must be in (0, 1), got {rate}.")
         if (
             self.mask_token_prob < 0
             or self.random_token_prob < 0
@@ -44,6 +50,24 @@ class MaskingConfig:
                 f"objective.mask_token_prob ({self.mask_token_prob}) + objective.random_token_prob "
                 f"({self.random_token_prob}) must be non-negative and sum to at most 1; the rest stays unchanged."
             )
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the rate moves over the run."""
+        return self.rate_start is not None and self.rate_start != self.rate
+
+    @property
+    def peak_rate(self) -> float:
+        """The highest rate of the run (what a fixed number of slots must hold)."""
+        return max(self.rate, self.rate_start if self.rate_start is not None else self.rate)
+
+    def at(self, progress: float) -> MaskingConfig:
+        """The constant masking at ``progress`` (0: the start of the run, 1: its end)."""
+        if not self.scheduled:
+            return self
+        assert self.rate_start is not None
+        p = min(1.0, max(0.0, progress))
+        return replace(self, rate=self.rate_start + (self.rate - self.rate_start) * p, rate_start=None)
 
 
 def _mask_counts(eligible: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:

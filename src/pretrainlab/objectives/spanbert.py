@@ -122,7 +122,12 @@ class SpanBERT(RoBERTa):
 
     def collator(self, length: int | None = None) -> SpanMaskingCollator:
         return SpanMaskingCollator(
-            self.tokens, self.masking, length, self.span_p, self.max_span, self.boundary_objective
+            self.tokens,
+            self.masking,
+            length,
+            span_p=self.span_p,
+            max_span=self.max_span,
+            boundaries=self.boundary_objective,
         )
 
     def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:

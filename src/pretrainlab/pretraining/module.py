@@ -38,7 +38,7 @@ import torch.distributed as dist
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.objectives import learning
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
-from pretrainlab.optim import Budget, OptimConfig
+from pretrainlab.optim import Budget, OptimConfig, StepProgress
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
 from pretrainlab.runtime.loggers import log_interval
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
@@ -50,6 +50,9 @@ class PretrainModule(L.LightningModule):
     tokens_seen: torch.Tensor  # buffers (checkpointed)
     skipped_batches: torch.Tensor
     train_seconds: torch.Tensor
+    flops_seen: torch.Tensor  # a scheduled objective's FLOPs so far
+    progress: StepProgress | None
+    seq_len: int | None
 
     def __init__(
         self,
@@ -62,13 +65,18 @@ class PretrainModule(L.LightningModule):
         on_nonfinite: str = "stop",
         run_info: dict | None = None,
         compile: dict | None = None,
+        progress: StepProgress | None = None,
+        seq_len: int | None = None,
     ):
         """``budget``: how long to train (``Budget("steps", max_steps)`` for a plain run);
         ``flops_per_token``: the objective's training FLOPs per token at the run's sequence length
         (``Objective.flops_per_token``), computed once by the caller, which sizes the budget with it;
         ``run_info``: what checkpoints record of the run (objective and model settings), so that a
         resumed run can be checked against it (``pretrainlab.runtime.checkpoints``); ``compile``:
-        ``torch.compile`` options for the objective's forward and loss (None: eager)."""
+        ``torch.compile`` options for the objective's forward and loss (None: eager); ``progress``
+        (an objective whose batches change over the run): each step's place in the run, at which its
+        FLOPs per token are counted (``Objective.flops_at`` at ``seq_len``), ``flops_per_token`` then
+        being their mean over the run."""
         super().__init__()
         self.run_info = run_info or {}
         self.budget = budget
@@ -86,6 +94,13 @@ class PretrainModule(L.LightningModule):
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_batches", torch.zeros((), dtype=torch.int64))
         self.register_buffer("train_seconds", torch.zeros((), dtype=torch.float64))
+        self.progress = progress
+        self.seq_len = seq_len
+        if progress is not None:  # FLOPs counted step by step (a schedule's steps cost differently)
+            if seq_len is None:
+                raise ValueError("a scheduled objective's FLOPs need the run's seq_len")
+            self.register_buffer("flops_seen", torch.zeros((), dtype=torch.float64))
+        self._flops = 0.0
         self.nonfinite = NonFiniteWatch()
         self._tokens = self._seconds = 0.0
         self.batch_tokens: float | None = None  # tokens of the current micro-batch on all ranks (host)
@@ -120,6 +135,12 @@ class PretrainModule(L.LightningModule):
     def tokens(self) -> float:
         """Training tokens so far (all ranks)."""
         return self._tokens
+
+    @property
+    def flops(self) -> float:
+        """Training FLOPs so far (all ranks): the tokens times the objective's FLOPs per token, or for
+        a scheduled objective, the sum of each step's tokens times its FLOPs per token."""
+        return self._flops if self.progress is not None else self._tokens * self.flops_per_token
 
     @property
     def seconds(self) -> float:
@@ -159,13 +180,18 @@ class PretrainModule(L.LightningModule):
         self.batch_tokens = self._count(batch)
         self._tokens += self.batch_tokens
         self.tokens_seen.fill_(self._tokens)
+        if self.progress is not None:
+            assert self.seq_len is not None
+            place = self.progress(self.global_step)
+            self._flops += self.batch_tokens * self.objective.flops_at(self.encoder.config, self.seq_len, place)
+            self.flops_seen.fill_(self._flops)
         if self._log_now:
             bs = batch["input_ids"].shape[0]
             self.log("train/loss", loss, prog_bar=True, batch_size=bs)
             for name, value in out.metrics.items():
                 self.log(f"train/{name}", value, prog_bar=name.endswith("acc"), batch_size=bs)
             self.log("train/tokens_seen", self._tokens, batch_size=bs)
-            self.log("train/flops", self._tokens * self.flops_per_token, batch_size=bs)
+            self.log("train/flops", self.flops, batch_size=bs)
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
         return out.loss
 
@@ -196,7 +222,7 @@ class PretrainModule(L.LightningModule):
         self.learning_row = {
             "step": self.global_step,
             "tokens": self._tokens,
-            "flops": self._tokens * self.flops_per_token,
+            "flops": self.flops,
             **metrics,
             **{
                 f"{key}:{c.head}": getattr(c, key)
@@ -247,7 +273,7 @@ class PretrainModule(L.LightningModule):
         """What the run has used of its budget's unit, from the host's counters (``steps``: the
         optimizer steps taken, when the trainer has not counted the last one yet)."""
         steps = self.global_step if steps is None else steps
-        return self.budget.measure(steps, self._tokens, self._tokens * self.flops_per_token, self._seconds)
+        return self.budget.measure(steps, self._tokens, self.flops, self._seconds)
 
     def optimizer_step(self, *args, **kwargs) -> None:
         """The optimizer step, then its account: the step's training time (host clock, from its
@@ -262,6 +288,8 @@ class PretrainModule(L.LightningModule):
     def on_train_start(self) -> None:
         # a resumed run counts on from its checkpoint's counters
         self._tokens, self._seconds = float(self.tokens_seen), float(self.train_seconds)
+        if self.progress is not None:
+            self._flops = float(self.flops_seen)
         self.nonfinite.start(self.global_step)
         self._start_step = self.global_step
         self._step_start = None

@@ -27,7 +27,7 @@ from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
-from pretrainlab.optim import Budget
+from pretrainlab.optim import Budget, StepProgress
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
 from pretrainlab.pretraining.snapshots import EncoderExport, EncoderSnapshots, check_fractions
@@ -71,7 +71,8 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
         encoder_config.vocab_size, 0, 1, 2, 3, 4, np.zeros(encoder_config.vocab_size, dtype=bool)
     )
     with torch.device("meta"):
-        build_objective(cfg, encoder_config, placeholder)
+        objective = build_objective(cfg, encoder_config, placeholder)
+    check_schedule(cfg, objective)
     return encoder_config, plan
 
 
@@ -135,6 +136,39 @@ def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_toke
         f"{budget.expected_per_step or float('nan'):.4g}",
     )
     return budget
+
+
+def check_schedule(cfg: DictConfig, objective: Objective) -> None:
+    """An objective whose batches change over the run (``Objective.scheduled``: a masking rate that
+    moves, a causal phase) follows each batch's optimizer step over the steps the budget plans:
+    refuse a corpus that does not number its batches (streamed) and a budget that plans no steps
+    (minutes)."""
+    if not objective.scheduled:
+        return
+    drop = "or drop the schedule (objective.mask_rate_start=null, objective.causal_first=0)"
+    if cfg.data.get("streaming"):
+        raise ConfigError(
+            f"objective={objective.name} changes its batches over the run (a masking-rate schedule or a causal "
+            f"phase), which needs each batch's optimizer step, and a streamed corpus does not number its batches: "
+            f"set data.streaming=false, {drop}."
+        )
+    if (cfg.get("budget") or {}).get("minutes") is not None:
+        raise ConfigError(
+            f"objective={objective.name} changes its batches over the run, and a budget in minutes does not say "
+            f"ahead how many steps the run takes: set max_steps (with no budget), budget.tokens or budget.flops, "
+            f"{drop}."
+        )
+
+
+def build_schedule(objective: Objective, budget: Budget) -> StepProgress | None:
+    """For a scheduled objective, each optimizer step's place in the run, over the steps the budget
+    plans (``check_schedule`` has refused what plans none); None for any other."""
+    if not objective.scheduled:
+        return None
+    planned = budget.planned_steps()
+    assert planned is not None, "check_schedule refuses a budget that plans no steps"
+    log.info("%s: settings scheduled over %d planned optimizer steps", objective.name, planned)
+    return StepProgress(planned)
 
 
 def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, plan: DevicePlan) -> PretrainDataModule:
@@ -240,11 +274,13 @@ def _run(
     objective = build_objective(cfg, encoder_config, special)
     log.info("%s", plan.describe())
     datamodule = build_datamodule(cfg, data, objective, plan)
-    flops_per_token = float(objective.flops_per_token(encoder_config, cfg.max_seq_len))
+    flops_per_token = float(objective.mean_flops_per_token(encoder_config, cfg.max_seq_len))
     budget = build_budget(cfg, datamodule, flops_per_token)
+    progress = build_schedule(objective, budget)
+    datamodule.progress = progress
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
-    module = build_module(cfg, encoder_config, objective, budget, flops_per_token, info, plan)
+    module = build_module(cfg, encoder_config, objective, budget, flops_per_token, info, plan, progress)
 
     # trainer -> train -> final checkpoint -> export -> what it learned
     script.save_config()
@@ -288,8 +324,10 @@ def build_module(
     flops_per_token: float,
     info: dict,
     plan: DevicePlan,
+    progress: StepProgress | None = None,
 ) -> PretrainModule:
-    """The encoder and the objective in one LightningModule, optimised as ``cfg.optim`` says."""
+    """The encoder and the objective in one LightningModule, optimised as ``cfg.optim`` says;
+    ``progress``: a scheduled objective's steps' place in the run (``build_schedule``)."""
     module = PretrainModule(
         encoder_config,
         objective,
@@ -300,6 +338,8 @@ def build_module(
         on_nonfinite=cfg.get("on_nonfinite", "stop"),
         run_info=info,
         compile=plan.compile,
+        progress=progress,
+        seq_len=cfg.max_seq_len,
     )
     log.info(
         "encoder: %s parameters; objective %s adds %s",
@@ -368,7 +408,9 @@ __all__ = [
     "build_datamodule",
     "build_encoder_config",
     "build_objective",
+    "build_schedule",
     "build_trainer",
+    "check_schedule",
     "resume_command",
     "run",
     "validate",

@@ -159,7 +159,7 @@ class EncoderExport:
             "global_step": module.global_step,
             "fraction": fraction,
             "tokens_seen": module.tokens,
-            "flops": module.tokens * module.flops_per_token,
+            "flops": module.flops,
             "seconds": module.seconds,
             "budget": {"kind": self.budget.kind, "total": self.budget.total},
             "choices": self.choices,

@@ -42,7 +42,11 @@ PRETRAINING_HOW = (
 
 # Settings added since runs were first recorded, at the value every run recorded without them was made
 # with: a run asked for now with another value is another run (its study record, its checkpoint).
-ADDED_SETTINGS = {"objective.whole_word": False}
+ADDED_SETTINGS = {
+    "objective.whole_word": False,
+    "objective.mask_rate_start": None,
+    "objective.causal_first": 0.0,
+}
 
 
 class SettingsMismatch(ValueError):
