@@ -38,7 +38,12 @@ CASES = {  # objective -> model overrides -> the transformers class the export d
     "clm": ([], "BertModel", "BertModel"),
     "gpt_bert": ([], "BertForMaskedLM", "BertModel"),  # its masked mode is BERT's
     "spanbert": ([], "BertForMaskedLM", "BertModel"),  # its MLM head; SBO's head has no transformers class
+    "clm_mlm": ([], "BertForMaskedLM", "BertModel"),  # its masked phase's head, the one it ends with
 }
+
+
+def test_every_objective_is_exported_here():
+    assert sorted(CASES) == sorted(p.stem for p in (ROOT / "conf" / "objective").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("objective", list(CASES))
