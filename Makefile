@@ -2,7 +2,8 @@
 #   make train   -> virtualenv + install + `python train.py` (embedded default run)
 #   make test    -> virtualenv + install + the test suite
 #   make lint    -> ruff (lint + format check) and mypy (src/), pinned in pyproject.toml so that CI and pre-commit agree
-# Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking"
+# Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking";
+#   make test TEST_WORKERS=0 runs the tests in one process
 
 VENV   ?= .venv
 PYTHON ?= python3
@@ -10,6 +11,8 @@ PY     := $(VENV)/bin/python
 # The torch build to install. The default is a plain release; pick a CUDA/CPU index if you need one,
 # e.g. make TORCH="torch --index-url https://download.pytorch.org/whl/cu124" test
 TORCH  ?= torch==2.13.0
+# Test processes (pytest-xdist): one per core, each with its share of the cores' threads (tests/conftest.py)
+TEST_WORKERS ?= auto
 
 .PHONY: train test lint format install clean
 install: $(VENV)/.installed
@@ -26,7 +29,7 @@ train: install
 	$(PY) train.py $(ARGS)
 
 test: install
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -20,6 +20,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (make test: one worker per core), each worker and the processes its tests start
+# get an equal share of the cores: workers whose threads outnumber the cores spin against each other
+# (two workers of two threads on two cores ran the learning tests several times slower than one).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = _threads
+    import torch
+
+    torch.set_num_threads(int(_threads))
+
 
 def pytest_runtest_logreport(report):
     """With PRETRAINLAB_TEST_FAILURES=<file>, every failure's traceback is appended to that file as it
