@@ -119,9 +119,3 @@ def random_documents(n_docs: int, seed: int = 0, vocab=(5, 500)) -> list[list[np
         [rng.integers(*vocab, size=int(rng.integers(1, 30))).astype(np.int32) for _ in range(int(rng.integers(1, 12)))]
         for _ in range(n_docs)
     ]
-
-
-def pytest_collection_modifyitems(config, items):
-    """The slow tests first: spread over pytest-xdist's workers from the start, they do not leave one
-    worker running the longest of them alone at the end (the order within each group is kept)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
