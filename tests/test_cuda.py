@@ -1,5 +1,6 @@
-"""On a CUDA GPU: the compiled step against eager in bf16, the masked rows in bf16, a step that never
-waits for the GPU, and exact resume with deterministic settings. Skipped where there is no GPU."""
+"""On a CUDA GPU: the compiled step against eager in bf16 and a step that never waits for the GPU, for
+every objective of conf/objective/; the masked rows in bf16, and exact resume with deterministic
+settings. Skipped where there is no GPU."""
 
 import csv
 import os
@@ -11,6 +12,7 @@ import torch
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.pretraining.run import build_objective
+from pretrainlab.runtime.hydra import options
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import ROOT, SMALL, compose_train, random_documents, run_command
 
@@ -40,7 +42,7 @@ def setup(name: str, dropout: float = 0.0, length: int = 64):
     return objective, encoder, batch, params
 
 
-@pytest.mark.parametrize("name", ["roberta", "electra"])
+@pytest.mark.parametrize("name", options("objective"))
 def test_the_compiled_step_equals_eager_in_bf16(name):
     objective, encoder, batch, params = setup(name)
 
@@ -72,7 +74,7 @@ def test_the_masked_rows_in_bf16_are_the_full_forwards_rows():
     torch.testing.assert_close(rows.pooled.float(), full.pooled.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("name", ["roberta", "bert", "albert", "electra"])
+@pytest.mark.parametrize("name", options("objective"))
 def test_the_training_step_never_waits_for_the_gpu(name):
     """Forward, loss, backward and the fused AdamW step with CUDA's synchronisation check set to
     raise: no .item(), no data-dependent shape, nothing that copies back to the host."""
