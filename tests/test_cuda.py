@@ -13,6 +13,7 @@ import torch
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.pretraining.run import build_objective
 from pretrainlab.runtime.hydra import options
+from pretrainlab.runtime.rundir import latest_checkpoint
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import ROOT, SMALL, compose_train, random_documents, run_command
 
@@ -136,9 +137,12 @@ def test_resume_on_the_gpu_with_deterministic_settings_repeats_the_losses(tmp_pa
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    last = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    # the kill may land between step=10.ckpt and its copy last.ckpt: resume from the newest checkpoint
+    newest = latest_checkpoint(killed)
+    assert newest is not None, "the killed run left no checkpoint"
+    last = torch.load(newest, weights_only=True)["global_step"]
     assert 10 <= last < 30
-    done = run_command([*args, f"hydra.run.dir={killed}", "ckpt_path=last"], cwd=ROOT, env=env)
+    done = run_command([*args, f"hydra.run.dir={killed}", "ckpt_path=auto"], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     full, resumed = losses(tmp_path / "full"), losses(killed)
     assert sorted(full) == list(range(30))
