@@ -36,7 +36,7 @@ the keys of :data:`BATCH_KEYS`, which the training loop relies on; the rest are 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -188,6 +188,34 @@ def by_length(sequences: list[np.ndarray]) -> dict[int, list[int]]:
     return dict(sorted(groups.items()))
 
 
+def pseudo_log_likelihood(
+    sequences: list[np.ndarray],
+    special_ids: Iterable[int],
+    device: torch.device,
+    token_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    max_tokens: int = 8192,
+) -> np.ndarray:
+    """Each sequence's sum, over its tokens (special tokens excepted), of log p(token | the rest) as
+    ``token_logits(copies, positions)`` gives it: the vocabulary logits at ``positions[i]`` of
+    ``copies[i]``. One copy of the sequence per scored token (``token_logits`` may change its copies,
+    to mask the scored token, say); copies of one length are stacked without padding, about
+    ``max_tokens`` tokens at a time."""
+    special = torch.tensor(sorted(special_ids), device=device)
+    scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
+    for length, members in by_length(sequences).items():
+        ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
+        sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
+        step = max(1, max_tokens // length)
+        for start in range(0, len(sentence), step):
+            s, p = sentence[start : start + step], position[start : start + step]
+            copies = ids[s]  # indexing copies: the rows of ids stay as they are
+            target = copies[torch.arange(len(p), device=device), p]
+            logits = token_logits(copies, p).float()
+            logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
+            scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
+    return scores.cpu().numpy()
+
+
 def pad_examples(examples: list[Example], pad_id: int, pad_to_multiple_of: int = 8, length: int | None = None) -> Batch:
     """Stack variable-length examples right-padded: ``input_ids``, ``attention_mask``,
     ``n_tokens``, and ``token_type_ids`` / ``labels`` when the examples have them. The width is the
@@ -222,5 +250,6 @@ __all__ = [
     "ObjectiveOutput",
     "ScheduledCollator",
     "by_length",
+    "pseudo_log_likelihood",
     "pad_examples",
 ]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples, pseudo_log_likelihood
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
 from pretrainlab.objectives.masking import (
     MaskingConfig,
@@ -193,24 +193,13 @@ class MaskedLM(MaskingSchedule, Objective):
         about ``max_tokens`` tokens at a time, and the encoder's last layer computes only the
         masked row of each copy."""
         device = encoder.word_embeddings.weight.device
-        special = torch.tensor(sorted(self.tokens.special_ids), device=device)
-        scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
-        for length, members in by_length(sequences).items():
-            ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
-            sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
-            step = max(1, max_tokens // length)
-            for start in range(0, len(sentence), step):
-                s, p = sentence[start : start + step], position[start : start + step]
-                copies = ids[s].clone()
-                target = copies[torch.arange(len(p), device=device), p]
-                copies[torch.arange(len(p), device=device), p] = self.tokens.mask_id
-                hidden = encoder(copies, None, None, rows=p[:, None]).hidden_states[:, 0]
-                logits = F.linear(
-                    self.mlm_head.transform(hidden), encoder.word_embeddings.weight, self.mlm_head.bias
-                ).float()
-                logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
-                scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
-        return scores.cpu().numpy()
+
+        def logits(copies: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            copies[torch.arange(len(positions), device=device), positions] = self.tokens.mask_id
+            hidden = encoder(copies, None, None, rows=positions[:, None]).hidden_states[:, 0]
+            return F.linear(self.mlm_head.transform(hidden), encoder.word_embeddings.weight, self.mlm_head.bias)
+
+        return pseudo_log_likelihood(sequences, self.tokens.special_ids, device, logits, max_tokens)
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         # the last layer runs at the masked rows only; the pooler and pair heads run once per sequence

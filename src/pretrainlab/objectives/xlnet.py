@@ -27,6 +27,7 @@ BERT encoder. The query vector and the head are pretraining-only and have no ``t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from pretrainlab.data.examples import Example
 from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples, pseudo_log_likelihood
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
 from pretrainlab.objectives.masked_lm import mlm_head_flops
 from pretrainlab.objectives.masking import max_selected, slot_layout
@@ -178,20 +179,9 @@ class XLNet(Objective):
         of an order whose context is every other token (``target_logits``). One copy of the sequence
         per scored token, copies of one length stacked, about ``max_tokens`` tokens at a time."""
         device = encoder.word_embeddings.weight.device
-        special = torch.tensor(sorted(self.tokens.special_ids), device=device)
-        scores = torch.zeros(len(sequences), dtype=torch.float64, device=device)
-        for length, members in by_length(sequences).items():
-            ids = torch.as_tensor(np.stack([sequences[i] for i in members]), dtype=torch.long, device=device)
-            sentence, position = (~torch.isin(ids, special)).nonzero(as_tuple=True)  # one copy per scored token
-            step = max(1, max_tokens // length)
-            for start in range(0, len(sentence), step):
-                s, p = sentence[start : start + step], position[start : start + step]
-                copies = ids[s]
-                logits = self.target_logits(encoder, copies, p)
-                target = copies.gather(1, p[:, None]).squeeze(1)
-                logp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).squeeze(1)
-                scores.index_add_(0, torch.as_tensor(members, device=device)[s], logp.double())
-        return scores.cpu().numpy()
+        return pseudo_log_likelihood(
+            sequences, self.tokens.special_ids, device, partial(self.target_logits, encoder), max_tokens
+        )
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         """The content stream (its last layer at one row) plus the query stream at the targets only:
