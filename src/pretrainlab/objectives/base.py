@@ -250,6 +250,6 @@ __all__ = [
     "ObjectiveOutput",
     "ScheduledCollator",
     "by_length",
-    "pseudo_log_likelihood",
     "pad_examples",
+    "pseudo_log_likelihood",
 ]
