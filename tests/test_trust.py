@@ -147,7 +147,7 @@ def test_a_setting_added_since_a_run_was_recorded_is_compared_at_the_value_it_wa
         )
 
 
-def test_a_changed_corpus_file_is_a_difference(tmp_path):
+def test_a_corpus_is_its_contents_a_changed_byte_is_a_difference_a_new_copy_is_not(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     for i in range(40):
@@ -156,7 +156,16 @@ def test_a_changed_corpus_file_is_a_difference(tmp_path):
     cfg = compose_train(*text, "data=text", f"data.files=[{docs}]", "tokenizer.vocab_size=200")
     pretrain(cfg, tmp_path / "run")
     check_same_run(tmp_path / "run", cfg)  # the same corpus: nothing to say
-    (docs / "7.txt").write_text("Another book now. " * 9)
+    # copied anew (a backup restored, the data copied to another machine): new modification times and
+    # inodes, the same bytes; the same corpus, so the run is resumed or reported, not refused
+    shutil.move(docs, tmp_path / "old")
+    shutil.copytree(tmp_path / "old", docs, copy_function=shutil.copy)
+    for i, f in enumerate(sorted(docs.iterdir())):
+        os.utime(f, ns=(time.time_ns() + i * 10**9, time.time_ns() + i * 10**9))
+    check_same_run(tmp_path / "run", cfg)
+    # one character edited in place, the size kept: another corpus
+    f = docs / "7.txt"
+    f.write_text(f.read_text().replace("Book 7", "Book 8"))
     with pytest.raises(SettingsMismatch, match="the corpus files"):
         check_same_run(tmp_path / "run", cfg)
 
