@@ -212,6 +212,28 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_at_the_value_it_was_
     assert result["global_step"] == 6
 
 
+def test_resuming_on_other_data_is_refused_before_training(trained, tmp_path):
+    """A checkpoint records the corpus and tokenizer it was trained on: resuming it on another corpus
+    is refused, naming the corpus, and leaves the run directory as it was; a checkpoint written before
+    checkpoints recorded their data resumes as before."""
+    from pretrainlab.runtime.checkpoints import KEY
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    last = copy / "checkpoints" / "last.ckpt"
+    assert set(torch.load(last, weights_only=True)[KEY]["data"]) == {"corpus", "tokenizer"}
+    before = {k: v for k, v in listing(copy).items() if k != "train.log"}  # the log says what was refused
+    other = [o for o in QUICK if not o.startswith("data.num_documents")]
+    with pytest.raises(CheckpointError, match=r"trained on other data than this run's: the corpus .* then, .* now"):
+        run(compose_train(*other, "data.num_documents=301", "max_steps=6", "ckpt_path=last"), copy)
+    assert {k: v for k, v in listing(copy).items() if k != "train.log"} == before
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint[KEY]["data"]
+    torch.save(checkpoint, last)
+    result = run(compose_train(*QUICK, "max_steps=6", "val_every=6", "ckpt_path=last"), copy)
+    assert result["global_step"] == 6
+
+
 def test_a_damaged_tokenizer_file_is_named(trained, tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"version": "1.0", "truncation": nul')

@@ -268,7 +268,8 @@ def _run(
     # corpus -> tokenizer -> encoder config -> objective -> examples -> budget -> module
     data, special = build_data(cfg)
     encoder_config = build_encoder_config(cfg, special.vocab_size)
-    info = run_info(objective_cfg, encoder_config.to_dict())
+    identity = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
+    info = run_info(objective_cfg, encoder_config.to_dict(), identity)
     if resume_from is not None:
         check_resumable(resume_from, info)
     objective = build_objective(cfg, encoder_config, special)
@@ -292,7 +293,7 @@ def _run(
         budget,
         script.choices,
         plain(cfg),
-        {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)},
+        identity,
     )
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt", resume_hint)
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, export)

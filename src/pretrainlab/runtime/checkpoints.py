@@ -1,9 +1,10 @@
 """Pretraining checkpoints: written atomically with ordinary permissions, read without running any
 code they might carry, and checked against the run that resumes them.
 
-A checkpoint holds, beside Lightning's state, ``checkpoint["pretrainlab"]``: the objective and
-the model it was trained with (:func:`run_info`). Resuming compares them with the resuming run's
-before anything is loaded, so a ``bert`` checkpoint is never continued as ``albert``.
+A checkpoint holds, beside Lightning's state, ``checkpoint["pretrainlab"]``: the objective, the
+model and the data (the corpus's and the tokenizer's fingerprints) it was trained with
+(:func:`run_info`). Resuming compares them with the resuming run's before anything is loaded, so a
+``bert`` checkpoint is never continued as ``albert``, nor a run continued on another corpus.
 
 Checkpoints are only ever read with ``torch.load(weights_only=True)``: tensors and plain data.
 A file that needs more (a pickled object, which could run code as it loads) is refused.
@@ -101,9 +102,16 @@ def _unsupported(e: BaseException) -> str:
     return _first_line(e)
 
 
-def run_info(objective: dict, model: dict) -> dict:
-    """What a checkpoint records of its run: the objective's config and the encoder's."""
-    return {"objective": objective, "model": model}
+def run_info(objective: dict, model: dict, data: dict | None = None) -> dict:
+    """What a checkpoint records of its run: the objective's config, the encoder's, and the data's
+    identity (``{"corpus": ..., "tokenizer": ...}`` fingerprints; None before they are known)."""
+    info = {"objective": objective, "model": model}
+    if data is not None:
+        info["data"] = data
+    return info
+
+
+_DATA = {"corpus": "the corpus (its files' names, sizes or contents)", "tokenizer": "the tokenizer"}
 
 
 def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) -> dict:
@@ -133,6 +141,16 @@ def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) 
             f"{path} was trained with {what}. A resumed run must continue the same training: resume with the "
             f"checkpoint's settings, or start a new run (another hydra.run.dir, without ckpt_path)."
         )
+    was, now = saved.get("data"), info.get("data")
+    if was and now:  # checkpoints written before they recorded their data have nothing to compare
+        changed = [k for k in _DATA if was.get(k) is not None and was.get(k) != now.get(k)]
+        if changed:
+            what = " and ".join(f"{_DATA[k]} ({was[k]!r} then, {now[k]!r} now)" for k in changed)
+            raise CheckpointError(
+                f"{path} was trained on other data than this run's: {what}. Resuming would continue one run's "
+                f"training on another's data. Resume with the corpus and tokenizer it was trained on, or start a "
+                f"new run (another hydra.run.dir, without ckpt_path)."
+            )
     return checkpoint
 
 
