@@ -234,6 +234,36 @@ def test_resuming_on_other_data_is_refused_before_training(trained, tmp_path):
     assert result["global_step"] == 6
 
 
+def test_a_run_records_the_code_it_was_trained_with_over_every_resumption(trained, tmp_path):
+    """The checkpoint and the export name the code (pretrainlab's version; in a git checkout the commit
+    and whether it had uncommitted changes; torch, Lightning, Python); a run resumed under other code
+    lists both, oldest first, and a study's cost report says its encoders' code was mixed."""
+    from pretrainlab.runtime.checkpoints import KEY
+    from pretrainlab.studies.cost import cost_markdown, study_cost
+
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    here = git.stdout.strip() if git.returncode == 0 else None
+    exported = json.loads((trained / "encoder" / "config.json").read_text())["pretraining"]["software"]
+    assert len(exported) == 1 and exported[0]["commit"] == here and exported[0]["torch"] == torch.__version__
+    assert exported == torch.load(trained / "checkpoints" / "last.ckpt", weights_only=True)[KEY]["software"]
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    last = copy / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    older = {**exported[0], "pretrainlab": "0.0.9", "commit": "0" * 40, "dirty": False}
+    checkpoint[KEY]["software"] = [older]
+    torch.save(checkpoint, last)
+    run(compose_train(*QUICK, "max_steps=6", "val_every=6", "ckpt_path=last"), copy)
+    history = json.loads((copy / "encoder" / "config.json").read_text())["pretraining"]["software"]
+    assert history == [older, exported[0]]
+    report = cost_markdown(study_cost([trained, copy]))
+    assert "pretrained with more than one version of the code" in report
+    assert f"| run | pretrainlab 0.0.9 (commit 0000000000), torch {torch.__version__}, lightning" in report
+    assert "; then pretrainlab" in report
+    assert "Every encoder was pretrained with" in cost_markdown(study_cost([trained]))
+
+
 def test_a_damaged_tokenizer_file_is_named(trained, tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"version": "1.0", "truncation": nul')

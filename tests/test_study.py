@@ -104,6 +104,11 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert cost["evaluation_s"] == pytest.approx(sum(runtimes))
     assert cost["total_s"] == pytest.approx(sum(recorded.values()) + sum(runtimes))
     assert "| roberta-s1 |" in (root / "report" / "cost.md").read_text()
+    # and the code that made them: one version for all four, named by its commit in a git checkout
+    code = {json.dumps(r["software"], sort_keys=True) for r in cost["pretraining"]}
+    assert (
+        len(code) == 1 and "Every encoder was pretrained with pretrainlab" in (root / "report" / "cost.md").read_text()
+    )
     assert (root / "pretrain" / "roberta-s0" / "glue-scratch" / "cola" / "seed0.json").is_file()
     # both pretraining seeds of each objective are in its row: the spread over them is reported
     for objective in ("roberta", "electra"):

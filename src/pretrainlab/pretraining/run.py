@@ -34,9 +34,11 @@ from pretrainlab.pretraining.snapshots import EncoderExport, EncoderSnapshots, c
 from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
 from pretrainlab.pretraining.timing import StepTimer
 from pretrainlab.runtime import hydra, wandb_runs
+from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.devices import DevicePlan, check_precision, refuse_multirun_ddp
+from pretrainlab.runtime.provenance import code_history
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
 from pretrainlab.runtime.settings import check_pretraining
@@ -270,8 +272,10 @@ def _run(
     encoder_config = build_encoder_config(cfg, special.vocab_size)
     identity = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
     info = run_info(objective_cfg, encoder_config.to_dict(), identity)
+    previous = None
     if resume_from is not None:
-        check_resumable(resume_from, info)
+        previous = (check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}).get("software")
+    info["software"] = code_history(previous)  # the code it was trained with, over every resumption
     objective = build_objective(cfg, encoder_config, special)
     log.info("%s", plan.describe())
     datamodule = build_datamodule(cfg, data, objective, plan)

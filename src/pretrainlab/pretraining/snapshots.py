@@ -136,8 +136,9 @@ class EncoderExport:
     """Exports a run's encoder (``module.encoder``, with ``module.objective``'s weights) as a native
     export whose ``pretraining`` metadata records what produced it: the objective, the run
     directory, the step, tokens, FLOPs and training time so far, the fraction of the budget and the
-    budget, the config group choices, the resolved config and the data's identity (corpus and
-    tokenizer keys). Called with fraction 1 for the final encoder, and by :class:`EncoderSnapshots`."""
+    budget, the config group choices, the resolved config, the data's identity (corpus and
+    tokenizer keys) and the code it was trained with (``software``: one entry per version of the code
+    over its resumptions, see :func:`pretrainlab.runtime.provenance.software`). Called with fraction 1 for the final encoder, and by :class:`EncoderSnapshots`."""
 
     def __init__(
         self,
@@ -165,6 +166,7 @@ class EncoderExport:
             "choices": self.choices,
             "config": self.config,
             "data": self.data_id,
+            "software": module.run_info.get("software"),
         }
 
     def __call__(self, module: Any, out: Path, fraction: float) -> Path:

@@ -13,7 +13,11 @@ workers, compilation, checkpoint and validation intervals) are not compared: see
 
 from __future__ import annotations
 
+import functools
+import platform
+import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 # pretraining settings that do not change the encoder a run produces (beyond numerical noise):
@@ -51,6 +55,49 @@ ADDED_SETTINGS = {
 
 class SettingsMismatch(ValueError):
     """Finished work made with other settings than those asking for it now."""
+
+
+@functools.cache
+def software() -> dict[str, Any]:
+    """The code a run is made with: pretrainlab's version and, when it runs from a git checkout, the
+    commit and whether tracked files differ from it (``dirty``); torch's, Lightning's and Python's
+    versions. Recorded in checkpoints and exports, so a published number can be traced to its code."""
+    import lightning
+    import torch
+
+    import pretrainlab
+
+    here = Path(pretrainlab.__file__).resolve().parent
+    commit, dirty = None, None
+    try:
+
+        def git(*args: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+
+        git("ls-files", "--error-unmatch", "__init__.py")  # the package is this checkout's, not an installed copy
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "pretrainlab": pretrainlab.__version__,
+        "commit": commit,
+        "dirty": dirty,
+        "torch": str(torch.__version__),  # a str subclass a weights-only load refuses
+        "lightning": str(lightning.__version__),
+        "python": platform.python_version(),
+    }
+
+
+def code_history(previous: list[dict] | None) -> list[dict]:
+    """The code a run has been trained with, oldest first: ``previous`` (from the checkpoint it
+    resumes) with this process's :func:`software` added when it differs from the last entry."""
+    history = [dict(s) for s in previous or []]
+    if not history or history[-1] != software():
+        history.append(software())
+    return history
 
 
 def differences(
@@ -100,4 +147,4 @@ def describe(changed: list[tuple[str, Any, Any]], limit: int = 4) -> str:
     return shown + more
 
 
-__all__ = ["PRETRAINING_HOW", "SettingsMismatch", "describe", "differences"]
+__all__ = ["PRETRAINING_HOW", "SettingsMismatch", "code_history", "describe", "differences", "software"]

@@ -1,5 +1,5 @@
 """What a study cost: the compute each of its pretraining runs and evaluations took, from what they
-recorded (``report/cost.md`` and ``cost.json``).
+recorded, and the code that pretrained its encoders (``report/cost.md`` and ``cost.json``).
 
 - pretraining: each exported encoder's ``pretraining`` record (``encoder/config.json``): optimiser
   steps, tokens, FLOPs and the seconds spent in training steps, summed over every resumption (the
@@ -35,6 +35,7 @@ def _pretraining(run: Path) -> dict | None:
         "tokens": record.get("tokens_seen"),
         "flops": record.get("flops"),
         "seconds": record.get("seconds"),
+        "software": record.get("software"),
     }
 
 
@@ -69,6 +70,39 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
+def describe_code(entry: dict) -> str:
+    """One version of the code (:func:`pretrainlab.runtime.provenance.software`), in a few words."""
+    commit = entry.get("commit")
+    where = (
+        f"commit {commit[:10]}{' with uncommitted changes' if entry.get('dirty') else ''}"
+        if commit
+        else "no git checkout"
+    )
+    return (
+        f"pretrainlab {entry.get('pretrainlab')} ({where}), torch {entry.get('torch')}, "
+        f"lightning {entry.get('lightning')}, Python {entry.get('python')}"
+    )
+
+
+def code_markdown(pretraining: list[dict]) -> list[str]:
+    """Which code pretrained the study's encoders: one line when it was one version for every run,
+    else each run's versions, oldest first (a run resumed under newer code lists both)."""
+    if not pretraining:
+        return []
+    versions = {r["run"]: [describe_code(s) for s in r.get("software") or []] for r in pretraining}
+    distinct = {v for vs in versions.values() for v in vs}
+    unknown = sorted(run for run, vs in versions.items() if not vs)
+    lines = ["", "## Code", ""]
+    if len(distinct) == 1 and not unknown:
+        return [*lines, f"Every encoder was pretrained with {distinct.pop()}."]
+    if len(distinct) > 1:
+        lines += ["The encoders were pretrained with more than one version of the code.", ""]
+    lines += ["| pretraining run | code, oldest first |", "|---|---|"]
+    for run, vs in versions.items():
+        lines.append(f"| {run} | {'; then '.join(vs) if vs else 'not recorded (pretrained before runs recorded it)'} |")
+    return lines
+
+
 def cost_markdown(cost: dict) -> str:
     lines = [
         "# What this study cost",
@@ -97,6 +131,7 @@ def cost_markdown(cost: dict) -> str:
         "",
         f"Pretraining {_hours(cost['pretraining_s'])}{overlap}, evaluation {_hours(cost['evaluation_s'])}: "
         f"**{_hours(cost['total_s'])}** in all.",
+        *code_markdown(cost["pretraining"]),
     ]
     return "\n".join(lines)
 
