@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.export.native import CONFIG
+from pretrainlab.runtime.checkpoints import data_differences
 from pretrainlab.runtime.provenance import ADDED_SETTINGS as LEGACY
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, SettingsMismatch, describe, differences
 
@@ -26,8 +27,13 @@ def data_identity(cfg: DictConfig) -> dict:
     """The corpus's fingerprint (for local files: their names, sizes and contents' hashes) and the
     tokenizer's (its settings and corpus, or the pretrained file's hash). A local corpus is read
     once per process to hash it (about a second per 1.5 GB); nothing else is read."""
-    corpus = instantiate(cfg.data).fingerprint()
-    return {"corpus": corpus, "tokenizer": instantiate(cfg.tokenizer).key(corpus)}
+    return identity(instantiate(cfg.data).fingerprint(), instantiate(cfg.tokenizer))
+
+
+def identity(corpus_fingerprint: str, tokenizer_spec: Any) -> dict:
+    """The data identity a run records (exports, checkpoints) from its corpus's fingerprint and its
+    tokenizer spec."""
+    return {"corpus": corpus_fingerprint, "tokenizer": tokenizer_spec.key(corpus_fingerprint)}
 
 
 def recorded(run_dir: Path) -> tuple[dict, dict | None, str] | None:
@@ -55,13 +61,7 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
     now = OmegaConf.to_container(cfg, resolve=True)
     changed = differences(was, now, legacy=LEGACY, ignore=PRETRAINING_HOW)
     if data_was:
-        data_now = data_identity(cfg)
-        for key, why in (
-            ("corpus", "the corpus files (their names, sizes or contents)"),
-            ("tokenizer", "the tokenizer"),
-        ):
-            if data_was.get(key) is not None and data_was[key] != data_now[key]:
-                changed.append((f"{why}", data_was[key], data_now[key]))
+        changed += data_differences(data_was, data_identity(cfg))
     if not changed:
         return
     if what == "pretrained":
@@ -79,4 +79,4 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
     )
 
 
-__all__ = ["LEGACY", "check_same_run", "data_identity", "recorded"]
+__all__ = ["LEGACY", "check_same_run", "data_identity", "identity", "recorded"]

@@ -30,6 +30,7 @@ from pretrainlab.objectives.base import Objective
 from pretrainlab.optim import Budget, StepProgress
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
+from pretrainlab.pretraining.record import identity
 from pretrainlab.pretraining.snapshots import EncoderExport, EncoderSnapshots, check_fractions
 from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
 from pretrainlab.pretraining.timing import StepTimer
@@ -270,8 +271,8 @@ def _run(
     # corpus -> tokenizer -> encoder config -> objective -> examples -> budget -> module
     data, special = build_data(cfg)
     encoder_config = build_encoder_config(cfg, special.vocab_size)
-    identity = {"corpus": data.corpus_key, "tokenizer": data.tokenizer_spec.key(data.corpus_key)}
-    info = run_info(objective_cfg, encoder_config.to_dict(), identity)
+    data_id = identity(data.corpus_key, data.tokenizer_spec)
+    info = run_info(objective_cfg, encoder_config.to_dict(), data_id)
     previous = None
     if resume_from is not None:
         previous = (check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}).get("software")
@@ -297,7 +298,7 @@ def _run(
         budget,
         script.choices,
         plain(cfg),
-        identity,
+        data_id,
     )
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt", resume_hint)
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, export)

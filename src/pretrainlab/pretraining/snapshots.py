@@ -138,7 +138,8 @@ class EncoderExport:
     directory, the step, tokens, FLOPs and training time so far, the fraction of the budget and the
     budget, the config group choices, the resolved config, the data's identity (corpus and
     tokenizer keys) and the code it was trained with (``software``: one entry per version of the code
-    over its resumptions, see :func:`pretrainlab.runtime.provenance.software`). Called with fraction 1 for the final encoder, and by :class:`EncoderSnapshots`."""
+    over its resumptions, see :func:`pretrainlab.runtime.provenance.software`). Called with fraction 1
+    for the final encoder, and by :class:`EncoderSnapshots`."""
 
     def __init__(
         self,

@@ -111,7 +111,17 @@ def run_info(objective: dict, model: dict, data: dict | None = None) -> dict:
     return info
 
 
-_DATA = {"corpus": "the corpus (its files' names, sizes or contents)", "tokenizer": "the tokenizer"}
+DATA_PARTS = {"corpus": "the corpus files (their names, sizes or contents)", "tokenizer": "the tokenizer"}
+
+
+def data_differences(was: dict | None, now: dict | None) -> list[tuple[str, str, str]]:
+    """(what, then, now) for each part of two data identities (``{"corpus": ..., "tokenizer": ...}``)
+    that differs; nothing when either was not recorded (work made before records had it)."""
+    if not was or not now:
+        return []
+    return [
+        (why, was[k], now.get(k)) for k, why in DATA_PARTS.items() if was.get(k) is not None and was[k] != now.get(k)
+    ]
 
 
 def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) -> dict:
@@ -141,16 +151,14 @@ def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) 
             f"{path} was trained with {what}. A resumed run must continue the same training: resume with the "
             f"checkpoint's settings, or start a new run (another hydra.run.dir, without ckpt_path)."
         )
-    was, now = saved.get("data"), info.get("data")
-    if was and now:  # checkpoints written before they recorded their data have nothing to compare
-        changed = [k for k in _DATA if was.get(k) is not None and was.get(k) != now.get(k)]
-        if changed:
-            what = " and ".join(f"{_DATA[k]} ({was[k]!r} then, {now[k]!r} now)" for k in changed)
-            raise CheckpointError(
-                f"{path} was trained on other data than this run's: {what}. Resuming would continue one run's "
-                f"training on another's data. Resume with the corpus and tokenizer it was trained on, or start a "
-                f"new run (another hydra.run.dir, without ckpt_path)."
-            )
+    changed = data_differences(saved.get("data"), info.get("data"))
+    if changed:
+        what = " and ".join(f"{why} ({then!r} then, {now!r} now)" for why, then, now in changed)
+        raise CheckpointError(
+            f"{path} was trained on other data than this run's: {what}. Resuming would continue one run's "
+            f"training on another's data. Resume with the corpus and tokenizer it was trained on, or start a "
+            f"new run (another hydra.run.dir, without ckpt_path)."
+        )
     return checkpoint
 
 
@@ -166,4 +174,15 @@ class CheckpointIO(TorchCheckpointIO):
         return read(path)
 
 
-__all__ = ["CheckpointError", "CheckpointIO", "KEY", "check_resumable", "load_tensors", "read", "run_info", "save"]
+__all__ = [
+    "DATA_PARTS",
+    "KEY",
+    "CheckpointError",
+    "CheckpointIO",
+    "check_resumable",
+    "data_differences",
+    "load_tensors",
+    "read",
+    "run_info",
+    "save",
+]

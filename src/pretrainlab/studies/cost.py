@@ -91,9 +91,8 @@ def code_markdown(pretraining: list[dict]) -> list[str]:
         return []
     versions = {r["run"]: [describe_code(s) for s in r.get("software") or []] for r in pretraining}
     distinct = {v for vs in versions.values() for v in vs}
-    unknown = sorted(run for run, vs in versions.items() if not vs)
     lines = ["", "## Code", ""]
-    if len(distinct) == 1 and not unknown:
+    if len(distinct) == 1 and all(versions.values()):
         return [*lines, f"Every encoder was pretrained with {distinct.pop()}."]
     if len(distinct) > 1:
         lines += ["The encoders were pretrained with more than one version of the code.", ""]
