@@ -114,14 +114,16 @@ def run_info(objective: dict, model: dict, data: dict | None = None) -> dict:
 DATA_PARTS = {"corpus": "the corpus files (their names, sizes or contents)", "tokenizer": "the tokenizer"}
 
 
-def data_differences(was: dict | None, now: dict | None) -> list[tuple[str, str, str]]:
+def data_differences(was: dict | None, now: dict | None) -> list[tuple[str, str, str | None]]:
     """(what, then, now) for each part of two data identities (``{"corpus": ..., "tokenizer": ...}``)
     that differs; nothing when either was not recorded (work made before records had it)."""
     if not was or not now:
         return []
-    return [
-        (why, was[k], now.get(k)) for k, why in DATA_PARTS.items() if was.get(k) is not None and was[k] != now.get(k)
-    ]
+    differences: list[tuple[str, str, str | None]] = []
+    for k, why in DATA_PARTS.items():
+        if was.get(k) is not None and was[k] != now.get(k):
+            differences.append((why, str(was[k]), None if now.get(k) is None else str(now.get(k))))
+    return differences
 
 
 def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) -> dict:
