@@ -18,7 +18,8 @@ decay over the steps, gradient clipping), and every ``--eval-every`` steps its h
 the run's held-out batches by ``objectives.learning`` exactly as the run scores its own. The table
 puts the reference beside the run's ``learning.csv`` at the same steps: if the run's heads stay at
 their trivial baseline where the reference's leave it, the fault is ours; if both stay, it is the
-scale. Steps budgets only (``max_steps``); CPU or one GPU.
+scale. The schedule is the run's budget (steps, tokens or FLOPs, counted as the run counts them),
+so ``--steps`` can stop the reference early in the run's own schedule. CPU or one GPU.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ from pretrainlab.model.vocab_loss import sample  # noqa: E402
 from pretrainlab.objectives import learning  # noqa: E402
 from pretrainlab.objectives.electra import ELECTRA  # noqa: E402
 from pretrainlab.pretraining.learning_log import FILE, read_rows  # noqa: E402
-from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective  # noqa: E402
+from pretrainlab.pretraining.run import (  # noqa: E402
+    build_budget,
+    build_data,
+    build_encoder_config,
+    build_objective,
+)
 
 log = logging.getLogger("pretrainlab")
 
@@ -134,7 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run", type=Path, help="a pretrainlab run directory (its config.yaml and learning.csv)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the run's max_steps)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="stop after this many optimizer steps, the learning-rate schedule still the run's "
+        "(default: where the run's budget ends)",
+    )
     p.add_argument(
         "--eval-every", type=int, default=None, help="steps between evaluations (default: the run's val_every)"
     )
@@ -146,12 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--out {args.out} already exists: name a new file (or move that one away); it is not written over.")
 
     cfg = OmegaConf.load(args.run / "config.yaml")
-    if cfg.get("budget") and any(cfg.budget.get(k) for k in ("tokens", "flops", "minutes")):
+    if (cfg.get("budget") or {}).get("minutes") is not None:
         p.error(
-            f"{args.run} was trained to a budget.{next(k for k in ('tokens', 'flops', 'minutes') if cfg.budget.get(k))}; "
-            "this reference counts steps: pass --steps (the step the run reached is in its train.log)."
+            f"{args.run} was trained to budget.minutes, which says nothing of the steps its schedule took; "
+            "the reference follows step, token and FLOPs budgets."
         )
-    steps = args.steps or int(cfg.max_steps)
     every = args.eval_every or int(cfg.val_every)
     torch.manual_seed(int(cfg.seed))
     data, tokens = build_data(cfg)
@@ -176,7 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     module = model.module if hasattr(model, "module") else model
     optim = instantiate(cfg.optim)
     opt = optim.optimizer(module)
-    schedule = optim.schedule(opt, steps)
+    # the run's budget and schedule: warmup and decay over its steps, tokens or FLOPs, counted as the run
+    # counts them (each batch's tokens x the objective's FLOPs per token)
+    flops_per_token = float(objective.mean_flops_per_token(config, cfg.max_seq_len))
+    budget = build_budget(cfg, datamodule, flops_per_token)
+    schedule = budget.schedule(opt, optim)
+    budget.start(0.0)
+    steps = args.steps or budget.planned_steps()
+    seen = 0.0
     val = list(datamodule.val_dataloader())
     if args.eval_batches:
         val = val[: args.eval_batches]
@@ -184,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     step, epoch = 0, 0
     module.train()
-    while step < steps:
+    done = False
+    while not done:
         loader = datamodule.train_dataloader()
         loader.sampler.set_epoch(epoch)
         for batch in loader:
+            seen += float(batch["global_tokens"]) if "global_tokens" in batch else float(batch["attention_mask"].sum())
             batch = {k: v for k, v in batch.items() if k != "global_tokens"}
             loss, _ = loss_and_tally(objective, model, batch, tally=False)
             opt.zero_grad(set_to_none=True)
@@ -195,14 +215,25 @@ def main(argv: list[str] | None = None) -> int:
             if optim.grad_clip:
                 torch.nn.utils.clip_grad_norm_(module.parameters(), optim.grad_clip)
             opt.step()
-            schedule.step()
             step += 1
-            if step % every == 0 or step == steps:
-                _, checks = evaluate(model, objective, val)
-                row = {"step": step, "loss": float(loss.detach())}
+            budget.record(budget.measure(step, seen, seen * flops_per_token, 0.0))
+            schedule.step()
+            done = step >= steps or budget.reached
+            if step % every == 0 or done:
+                metrics, checks = evaluate(model, objective, val)
+                row = {"step": step, "loss": float(loss.detach()), "lr": schedule.get_last_lr()[0]}
+                row |= {k: v for k, v in metrics.items() if "loss" in k}  # the losses move before the accuracies
+                mine = ours.get(step, {})
+                for k in (k for k in metrics if k.endswith("loss_at_mask")):
+                    log.info(
+                        "step %d  %s: reference %.3f | pretrainlab %s",
+                        step,
+                        k,
+                        metrics[k],
+                        f"{float(mine[k]):.3f}" if mine.get(k) else "no validation at this step",
+                    )
                 for c in checks:
                     row |= {f"value:{c.head}": c.value, f"baseline:{c.head}": c.baseline, f"status:{c.head}": c.status}
-                    mine = ours.get(step, {})
                     theirs = (
                         f"pretrainlab {float(mine[f'value:{c.head}']):.3f} ({mine[f'status:{c.head}']})"
                         if mine.get(f"value:{c.head}")
@@ -218,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                         theirs,
                     )
                 rows.append(row)
-            if step >= steps:
+            if done:
                 break
         epoch += 1
     if args.out:

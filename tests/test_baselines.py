@@ -345,6 +345,39 @@ def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_p
     assert f"step 30  {first}: reference" in done.stderr + done.stdout
 
 
+@pytest.mark.slow
+def test_the_reference_follows_a_budgeted_runs_schedule_and_can_stop_early_in_it(tmp_path):
+    """A run trained to a token budget: the reference counts the same tokens and ends at the step the run
+    ended at; with --steps it stops early with the learning rate of that step of the run's schedule (not a
+    schedule squeezed into --steps, which would end at its floor)."""
+    import csv
+    import sys
+
+    from pretrainlab.pretraining.learning_log import read_rows
+    from pretrainlab.pretraining.run import run
+    from tests.conftest import ROOT, run_command
+
+    run(compose_train(*SMALL, "objective=bert", "budget.tokens=20000", "val_every=8", "checkpoint_every=100"), tmp_path)
+    ours = [int(r["step"]) for r in read_rows(tmp_path / "learning.csv")]
+
+    def reference(out, *extra):
+        done = run_command(
+            [sys.executable, str(ROOT / "experiments" / "reference.py"), str(tmp_path), "--eval-batches", "1"]
+            + ["--eval-every", "8", "--out", str(out), *extra]
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return list(csv.DictReader(out.open()))
+
+    whole = reference(tmp_path / "whole.csv")
+    assert [int(r["step"]) for r in whole] == ours and ours[-1] > 16
+    early = reference(tmp_path / "early.csv", "--steps", "16")
+    assert [int(r["step"]) for r in early] == [8, 16]
+    assert float(early[-1]["lr"]) == pytest.approx(float(whole[1]["lr"])) and float(early[-1]["lr"]) > float(
+        whole[-1]["lr"]
+    )
+    assert {"mlm_loss_at_mask", "lr"} <= set(early[-1])
+
+
 def test_the_reference_never_writes_over_an_existing_file(tmp_path):
     """--out names a file that exists: refused before any training, the file untouched."""
     import sys
