@@ -107,6 +107,39 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
             counts = learning.masked_tally("gen", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
             counts |= learning.detection_tally("rtd", disc.logits, replaced, mask)
         return loss, counts
+    at, pair = masked_heads(name, model, ids, types, mask, positions)
+    loss = torch.nn.functional.cross_entropy(at.reshape(-1, at.shape[-1]).float(), originals.reshape(-1))
+    if pair is not None:
+        loss = loss + torch.nn.functional.cross_entropy(pair.float(), batch["labels"])
+    if tally:
+        counts = learning.masked_tally("mlm", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
+        if pair is not None:
+            counts |= learning.pair_tally(objective.pair_task, pair.float(), batch["labels"])
+    return loss, counts
+
+
+def masked_heads(name: str, model, ids, types, mask, positions) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The transformers model's own modules, its masked-LM head applied at the masked positions only:
+    (batch, slots, vocab) logits there, and the pair head's logits (None for RoBERTa). The head works
+    position by position, so this is the loss and the gradients of the model's full forward with
+    labels (``check_masked_heads``) without the full-sequence vocabulary projection, which makes the
+    reference's step several times slower than the run's on a small model."""
+    body = model.albert if name == "albert" else model.bert
+    out = body(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    hidden = out[0].gather(1, positions[..., None].expand(-1, -1, out[0].shape[-1]))
+    if name == "roberta":
+        return model.cls(hidden), None
+    if name == "bert":
+        return model.cls.predictions(hidden), model.cls.seq_relationship(out[1])
+    return model.predictions(hidden), model.sop_classifier(out[1])
+
+
+def check_masked_heads(objective, model, batch: dict) -> None:
+    """Refuse to go on when the masked-positions loss (:func:`loss_and_tally`) is not the transformers
+    model's own loss with labels on ``batch``."""
+    name = objective.name
+    if name == "electra":
+        return
     kwargs = (
         {"next_sentence_label": batch["labels"]}
         if name == "bert"
@@ -114,14 +147,25 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
         if name == "albert"
         else {}
     )
-    out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **kwargs)
-    if tally:
-        at = at_slots(out.logits if name == "roberta" else out.prediction_logits, batch)
-        counts = learning.masked_tally("mlm", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
-        if kwargs:
-            pair = out.seq_relationship_logits if name == "bert" else out.sop_logits
-            counts |= learning.pair_tally(objective.pair_task, pair.float(), batch["labels"])
-    return out.loss, counts
+    module = model.module if hasattr(model, "module") else model
+    rng = torch.get_rng_state()  # dropout draws: both forwards see the same, and training the ones it would have
+    with torch.no_grad():
+        module.eval()
+        theirs = model(
+            input_ids=batch["input_ids"],
+            token_type_ids=batch.get("token_type_ids", torch.zeros_like(batch["input_ids"])),
+            attention_mask=batch["attention_mask"],
+            labels=hf_labels(batch),
+            **kwargs,
+        ).loss
+        ours = loss_and_tally(objective, model, batch, tally=False)[0]
+        module.train()
+    torch.set_rng_state(rng)
+    if not torch.isclose(ours.float(), theirs.float(), rtol=1e-4, atol=1e-5):
+        raise RuntimeError(
+            f"the {name} reference's loss at the masked positions ({float(ours):.6f}) is not the transformers "
+            f"model's own loss ({float(theirs):.6f}) on the same batch"
+        )
 
 
 def evaluate(model, objective, batches) -> tuple[dict, list]:
@@ -209,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in loader:
             seen += float(batch["global_tokens"]) if "global_tokens" in batch else float(batch["attention_mask"].sum())
             batch = {k: v for k, v in batch.items() if k != "global_tokens"}
+            if step == 0:
+                check_masked_heads(objective, model, batch)
             loss, _ = loss_and_tally(objective, model, batch, tally=False)
             opt.zero_grad(set_to_none=True)
             loss.backward()
