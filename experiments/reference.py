@@ -88,12 +88,11 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
     name, mask_id = objective.name, objective.tokens.mask_id
     ids, mask = batch["input_ids"], batch["attention_mask"]
     types = batch.get("token_type_ids", torch.zeros_like(ids))
-    labels = hf_labels(batch)
     positions, originals = batch["mlm_positions"], batch["mlm_labels"]
     shown = ids.gather(1, positions)
     counts: dict = {}
     if name == "electra":
-        gen = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+        gen = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=hf_labels(batch))
         # the discriminator's input as pretrainlab makes it: a sample at each masked position, at the batch's
         # own uniforms, put in place by ELECTRA.replace
         at = at_slots(gen.logits, batch)
@@ -251,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         loader = datamodule.train_dataloader()
         loader.sampler.set_epoch(epoch)
         for batch in loader:
-            seen += float(batch["global_tokens"]) if "global_tokens" in batch else float(batch["attention_mask"].sum())
+            # the run's count (PretrainModule._count, one process): the batch's own number, else its n_tokens
+            seen += float(batch["global_tokens"] if "global_tokens" in batch else batch["n_tokens"])
             batch = {k: v for k, v in batch.items() if k != "global_tokens"}
             if step == 0:
                 check_masked_heads(objective, model, batch)
