@@ -391,3 +391,29 @@ def test_the_reference_never_writes_over_an_existing_file(tmp_path):
     )
     assert done.returncode == 2 and "already exists" in done.stderr and str(out) in done.stderr, done.stderr[-2000:]
     assert out.read_text() == "a user's file\n"
+
+
+def test_the_learning_curves_figure_gives_an_objective_one_colour_and_one_legend_entry_per_head(tmp_path, monkeypatch):
+    """With nine runs of three objectives, the figure's colours must say the objective, not cycle."""
+    from pretrainlab import figures
+    from pretrainlab.studies import intrinsic
+
+    captured = {}
+    monkeypatch.setattr(figures, "save", lambda fig, path: captured.setdefault("fig", fig) and path)
+    curves = {
+        (f"{objective}-s{seed}", head): [(1e12, 1.0, False), (1e13, 2.5, True)]
+        for objective, heads in {"bert": ["MLM at [MASK]", "NSP"], "roberta": ["MLM at [MASK]"]}.items()
+        for head in heads
+        for seed in range(3)
+    }
+    intrinsic._plot_learning(curves, tmp_path / "curves.png")
+    ax = captured["fig"].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    colour = {}
+    for line in ax.get_lines()[:-1]:  # the last line is the baseline
+        colour.setdefault(line.get_color(), set()).add(line.get_linestyle())
+    assert len(ax.get_lines()) == 9 + 1 and len(colour) == 2  # bert and roberta
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["bert: MLM at [MASK]", "bert: NSP", "roberta: MLM at [MASK]", "trivial baseline"]
+    assert lines["bert: MLM at [MASK]"].get_color() != lines["roberta: MLM at [MASK]"].get_color()
+    assert lines["bert: MLM at [MASK]"].get_linestyle() != lines["bert: NSP"].get_linestyle()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import cast
 
@@ -214,18 +215,29 @@ def _plot_learning(curves: dict, path: Path) -> Path:
     from pretrainlab import figures
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    # One colour per objective (a run's name without its "-s<seed>"), one line style per head: the
+    # seeds of an objective share a colour and a legend entry instead of cycling through the palette.
+    groups = sorted({re.sub(r"-s\d+$", "", run) for run, _ in curves})
+    colours = {g: f"C{i % 10}" for i, g in enumerate(groups)}
+    styles: dict[str, str] = {}
+    labelled = set()
     for (run, head), points in sorted(curves.items()):
         if not points:
             continue
+        group = re.sub(r"-s\d+$", "", run)
+        style = styles.setdefault(head, ["-", "--", ":", "-."][len(styles) % 4])
+        label = None if (group, head) in labelled else f"{group}: {head}"
+        labelled.add((group, head))
+        colour = colours[group]
         x, y, past = zip(*points)
-        (line,) = ax.plot(x, y, label=f"{run}: {head}")
-        ax.scatter([a for a, p in zip(x, past) if p], [b for b, p in zip(y, past) if p], color=line.get_color(), s=18)
+        ax.plot(x, y, color=colour, linestyle=style, label=label)
+        ax.scatter([a for a, p in zip(x, past) if p], [b for b, p in zip(y, past) if p], color=colour, s=18)
         ax.scatter(
             [a for a, p in zip(x, past) if not p],
             [b for b, p in zip(y, past) if not p],
             s=18,
             facecolors="none",
-            edgecolors=line.get_color(),
+            edgecolors=colour,
         )
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="trivial baseline")
     ax.set_xscale("log")
