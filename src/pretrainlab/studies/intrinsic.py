@@ -217,18 +217,17 @@ def _plot_learning(curves: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     # One colour per objective (a run's name without its "-s<seed>"), one line style per head: the
     # seeds of an objective share a colour and a legend entry instead of cycling through the palette.
-    groups = sorted({re.sub(r"-s\d+$", "", run) for run, _ in curves})
-    colours = {g: f"C{i % 10}" for i, g in enumerate(groups)}
+    group = {run: re.sub(r"-s\d+$", "", run) for run, _ in curves}
+    colours = {g: f"C{i % 10}" for i, g in enumerate(sorted(set(group.values())))}
     styles: dict[str, str] = {}
     labelled = set()
     for (run, head), points in sorted(curves.items()):
         if not points:
             continue
-        group = re.sub(r"-s\d+$", "", run)
         style = styles.setdefault(head, ["-", "--", ":", "-."][len(styles) % 4])
-        label = None if (group, head) in labelled else f"{group}: {head}"
-        labelled.add((group, head))
-        colour = colours[group]
+        label = None if (group[run], head) in labelled else f"{group[run]}: {head}"
+        labelled.add((group[run], head))
+        colour = colours[group[run]]
         x, y, past = zip(*points)
         ax.plot(x, y, color=colour, linestyle=style, label=label)
         ax.scatter([a for a, p in zip(x, past) if p], [b for b, p in zip(y, past) if p], color=colour, s=18)
