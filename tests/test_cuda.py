@@ -1,6 +1,6 @@
 """On a CUDA GPU: the compiled step against eager in bf16 and a step that never waits for the GPU, for
-every objective of conf/objective/; the masked rows in bf16, and exact resume with deterministic
-settings. Skipped where there is no GPU."""
+every objective of conf/objective/; the compiled step over batches of varying shape; the masked rows
+in bf16, and exact resume with deterministic settings. Skipped where there is no GPU."""
 
 import csv
 import os
@@ -58,6 +58,37 @@ def test_the_compiled_step_equals_eager_in_bf16(name):
     torch.testing.assert_close(compiled.loss, eager.loss, rtol=2e-2, atol=2e-2)
     for a, b in zip(compiled_grads, eager_grads):  # bf16 rounding differs element by element: compare whole tensors
         assert float((a.float() - b.float()).norm()) <= 3e-2 * float(b.float().norm()) + 1e-6
+
+
+@pytest.mark.parametrize("name", ["roberta", "bert", "electra"])
+def test_the_compiled_step_follows_batches_of_varying_shape(name):
+    """Compiled as training compiles it where shapes vary (each batch as wide as its longest row, with as
+    many masked slots as its fullest row: recompiled with dynamic shapes at the second shape), the step
+    equals eager at every shape. With torch 2.11's defaults inductor failed at that recompile
+    (``dynamic_shape_options``)."""
+    from pretrainlab.runtime.devices import compile_options
+
+    kwargs = compile_options(compose_train(f"objective={name}", "trainer=gpu", "compile=true"))
+    assert kwargs is not None and kwargs["dynamic"] is None
+    objective, encoder, _, params = setup(name)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda b: objective(encoder, b), **kwargs)
+    shapes = set()
+    for seed, length in enumerate((64, 48, 40)):
+        examples = objective.example_builder(length)(random_documents(80, vocab=(5, 1000)), np.random.default_rng(seed))
+        batch = objective.collator(None)(list(examples)[:16], torch.Generator().manual_seed(seed))
+        batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
+        shapes.add(tuple(batch["input_ids"].shape))
+        results = []
+        for fn in (lambda b: objective(encoder, b), compiled):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = fn(batch)
+            results.append((out.loss, torch.autograd.grad(out.loss, params)))
+        (eager, eager_grads), (loss, grads) = results
+        torch.testing.assert_close(loss, eager, rtol=2e-2, atol=2e-2)
+        for a, b in zip(grads, eager_grads):
+            assert float((a.float() - b.float()).norm()) <= 3e-2 * float(b.float().norm()) + 1e-6
+    assert len(shapes) == 3  # three shapes: a static compile, then the dynamic one
 
 
 def test_the_masked_rows_in_bf16_are_the_full_forwards_rows():

@@ -34,15 +34,35 @@ def uses_cuda(cfg: DictConfig) -> bool:
 
 
 def compile_options(cfg: DictConfig) -> dict | None:
-    """``torch.compile`` options from ``cfg.compile`` (auto: on CUDA GPUs) and ``cfg.compile_mode``,
-    or None (eager). Shapes are fixed with static shapes, else dynamic where they vary."""
+    """``torch.compile`` arguments from ``cfg.compile`` (auto: on CUDA GPUs) and ``cfg.compile_mode``,
+    or None (eager). Shapes are fixed with static shapes, else dynamic where they vary (with
+    ``dynamic_shape_options``)."""
     on = cfg.get("compile", "auto")
     if on == "auto":
         on = uses_cuda(cfg)
     if not on:
         return None
     mode = cfg.get("compile_mode", "default")
-    return {"mode": None if mode == "default" else mode, "dynamic": False if static_shapes(cfg) else None}
+    if static_shapes(cfg):
+        return {"mode": None if mode == "default" else mode, "dynamic": False}
+    return {"dynamic": None, "options": dynamic_shape_options(mode)}
+
+
+def dynamic_shape_options(mode: str) -> dict:
+    """Inductor options for a compile whose shapes vary from batch to batch: the mode's own (torch.compile
+    takes a mode or options, not both), with inductor's coalescing analysis of kernel tilings off.
+
+    That analysis does not apply to dynamic shapes (inductor's config says so), yet it runs on them, and
+    in torch 2.11 on CUDA it fails on kernels of this encoder once the step is recompiled with symbolic
+    shapes (``InductorError: AssertionError`` in ``tiling_utils.get_pw_red_splits``, pytorch/pytorch#181563;
+    on an H200 it stopped the resume tests and the quick study at their second batch shape)."""
+    import torch._inductor
+    import torch._inductor.config
+
+    options = dict(torch._inductor.list_mode_options(mode))
+    if hasattr(torch._inductor.config.triton, "coalesce_tiling_analysis"):  # absent before the analysis existed
+        options["triton.coalesce_tiling_analysis"] = False
+    return options
 
 
 def static_shapes(cfg: DictConfig) -> bool:
@@ -67,8 +87,9 @@ class DevicePlan:
     world: int
     micro_batch: int
     accumulate: int
-    compile: dict | None  # torch.compile options, None: eager
+    compile: dict | None  # torch.compile's arguments, None: eager
     static_shapes: bool  # every batch max_seq_len wide with a fixed number of masked slots
+    compile_mode: str = "default"
 
     @classmethod
     def of(
@@ -79,13 +100,14 @@ class DevicePlan:
         the devices)."""
         world = world_size(cfg)
         micro, accumulate = batch_split(batch_size, world, device_batch_size, setting)
-        return cls(world, micro, accumulate, compile_options(cfg), static_shapes(cfg))
+        return cls(
+            world, micro, accumulate, compile_options(cfg), static_shapes(cfg), cfg.get("compile_mode", "default")
+        )
 
     def describe(self) -> str:
         return (
             f"global batch {self.world * self.micro_batch * self.accumulate} = {self.world} device(s) x {self.micro_batch} micro-batch x "
-            f"{self.accumulate} accumulation"
-            + (f"; compiled ({self.compile.get('mode') or 'default'})" if self.compile else "")
+            f"{self.accumulate} accumulation" + (f"; compiled ({self.compile_mode})" if self.compile else "")
         )
 
 
@@ -167,6 +189,7 @@ __all__ = [
     "batch_split",
     "check_precision",
     "compile_options",
+    "dynamic_shape_options",
     "refuse_multirun_ddp",
     "set_matmul_precision",
     "static_shapes",
