@@ -547,3 +547,64 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
         ("roberta", 0.5),
         ("roberta", 1.0),
     ]
+
+
+@pytest.mark.slow
+def test_the_transformers_reference_fine_tunes_what_pretrainlab_fine_tunes(pretrained_run, tmp_path):
+    """experiments/glue_reference.py: transformers' sequence classifier on the exported encoder, trained
+    on the same examples with the same settings, learns synthetic SST-2 as pretrainlab's run does (both
+    far above the majority class of its dev set), and its regression path (STS-B) gives the metrics
+    pretrainlab's results give."""
+    import csv
+    import sys
+
+    from tests.conftest import ROOT, run_command
+
+    settings = ["glue.source=synthetic", "glue.synthetic.scale=0.5", "task.lr=1.0e-3", "task.batch_size=32"]
+    settings += ["task.max_seq_len=64", "trainer.enable_progress_bar=false"]
+    rows = {}
+    for task, epochs in (("sst2", 5), ("stsb", 1)):
+        out = tmp_path / task
+        done = run_command(
+            [sys.executable, str(ROOT / "experiments" / "glue_reference.py"), pretrained_run, f"task={task}"]
+            + [*settings, f"task.epochs={epochs}", "--out", str(out)]
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows[task] = {r["side"]: r for r in csv.DictReader((out / "results.csv").open())}
+        assert set(rows[task]) == {"pretrainlab", "transformers"}
+        assert (out / "hf" / "config.json").is_file() and (out / "pretrainlab-seed0" / "results.json").is_file()
+    majority = json.loads((tmp_path / "sst2" / "pretrainlab-seed0" / "results.json").read_text())["no_skill"][
+        "accuracy"
+    ]
+    for side in ("pretrainlab", "transformers"):
+        assert float(rows["sst2"][side]["accuracy"]) >= majority + 0.3, (side, majority, rows["sst2"])
+        assert {k for k in rows["stsb"][side] if k not in ("side", "seed")} == {"pearson", "spearman", "score"}
+        assert np.isfinite([float(rows["stsb"][side][k]) for k in ("pearson", "spearman")]).all()
+
+
+def test_the_reference_draws_a_loaded_pooler_afresh():
+    """glue_reference.py --reinit-pooler: the pooler a checkpoint gave the model is drawn again as
+    transformers initialises a linear layer (normal with the config's range, zero bias), for BERT's pooler
+    (dense + tanh) and ALBERT's (a linear layer); a model without one is refused, naming it."""
+    import sys
+
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from glue_reference import reinitialise_pooler
+
+    small = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, vocab_size=100)
+    for name in ("Bert", "Albert"):
+        config = getattr(transformers, f"{name}Config")(initializer_range=0.5, **small)
+        hf = getattr(transformers, f"{name}ForSequenceClassification")(config)
+        pooler = [m for m in hf.base_model.pooler.modules() if isinstance(m, torch.nn.Linear)]
+        assert len(pooler) == 1
+        with torch.no_grad():  # as loaded: weights unlike a fresh draw
+            pooler[0].weight.fill_(0.01)
+            pooler[0].bias.fill_(0.3)
+        reinitialise_pooler(hf)
+        assert float(pooler[0].weight.detach().std()) == pytest.approx(0.5, rel=0.05)
+        assert abs(float(pooler[0].weight.detach().mean())) < 0.05 and not pooler[0].bias.detach().any()
+    electra = transformers.ElectraForSequenceClassification(transformers.ElectraConfig(embedding_size=64, **small))
+    with pytest.raises(SystemExit, match="the electra export in x has no pooler"):
+        reinitialise_pooler(electra, "the electra export in x")

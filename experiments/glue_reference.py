@@ -1,0 +1,208 @@
+"""Fine-tune a pretrained encoder on a GLUE task with Hugging Face transformers and with pretrainlab,
+on the same examples with the same settings: an independent check of a fine-tuning result.
+
+    python experiments/glue_reference.py <run | encoder dir> task=stsb glue.data_dir=<glue_data dir> \\
+        glue.max_train_examples=2000 task.lr=2e-4 task.epochs=3 task.batch_size=32 --seeds 0,1,2
+    python experiments/glue_reference.py <run> task=sst2 ... --reinit-pooler   # is it in the pooler?
+
+The arguments after the encoder are finetune.py's overrides (conf/finetune.yaml), so both sides read
+one composed config. pretrainlab's side is finetune.py's own run (``pretrainlab.finetuning.run``).
+The reference is the encoder exported in transformers' format (``pretrainlab.export.hf``) and loaded
+as ``AutoModelForSequenceClassification`` (``BertForSequenceClassification`` for a BERT export):
+transformers' pooler, dropout, classifier head and loss (mean squared error for STS-B, cross-entropy
+otherwise), trained by a plain loop: AdamW with weight decay on matrices only, the task's learning
+rate, warm-up and linear decay (``transformers.get_linear_schedule_with_warmup``), gradient clipping,
+the task's epochs and batch size, shuffled by the seed, in fp32. Both sides see the same tokenized
+examples (pretrainlab's GLUE reader and tokenizer; the exported tokenizer encodes text the same way,
+``tests/test_hf.py``) and are scored after the last epoch by ``pretrainlab.glue.metrics`` (checked
+against scikit-learn and scipy in ``tests/test_glue.py``).
+
+``--reinit-pooler`` re-initialises the reference's pooler (transformers' initialisation) before
+fine-tuning: a result that stays is in the encoder's layers, not in what pretraining put in the
+pooler. Prints one row per seed and side; ``--out`` keeps both sides' runs and ``results.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pretrainlab.config import plain_or_none
+from pretrainlab.export.hf import export_hf
+from pretrainlab.finetuning.encoders import load_pretrained
+from pretrainlab.glue.data import EncodedDataset, collate, encode, load_task
+from pretrainlab.glue.metrics import compute
+from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
+from pretrainlab.runtime.hydra import compose
+
+log = logging.getLogger("pretrainlab")
+
+
+def reinitialise_pooler(hf, name: str = "this model") -> None:
+    """Draw the pooler's weights afresh as transformers initialises a linear layer (normal with the
+    config's ``initializer_range``, zero bias). transformers' own ``_init_weights`` would leave a module
+    it loaded from a checkpoint as it is."""
+    pooler = getattr(hf.base_model, "pooler", None)
+    layers = [m for m in pooler.modules() if isinstance(m, torch.nn.Linear)] if pooler is not None else []
+    if not layers:
+        raise SystemExit(f"--reinit-pooler: {name} has no pooler.")
+    with torch.no_grad():
+        for layer in layers:
+            layer.weight.normal_(0.0, hf.config.initializer_range)
+            if layer.bias is not None:
+                layer.bias.zero_()
+
+
+def reference_metrics(cfg, hf_dir: Path, seed: int, reinit_pooler: bool = False) -> dict[str, float]:
+    """transformers' sequence classifier on ``hf_dir`` fine-tuned as ``cfg`` says; its dev metrics
+    after the last epoch, named as pretrainlab's results name them."""
+    import transformers
+
+    spec: TaskSpec = get_task(cfg.task.name)
+    model = load_pretrained(cfg.pretrained)  # the tokenizer and special tokens, for the same inputs
+    glue = cfg.glue
+    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
+    train = encode(
+        splits["train"].head(glue.get("max_train_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len
+    )
+    evals = {
+        name: encode(
+            splits[name].head(glue.get("max_eval_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len
+        )
+        for name in spec.eval_splits
+    }
+
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.from_pretrained(hf_dir, local_files_only=True)
+    dropout_key = "classifier_dropout_prob" if config.model_type == "albert" else "classifier_dropout"
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        hf_dir, num_labels=spec.num_labels, local_files_only=True, **{dropout_key: cfg.task.classifier_dropout}
+    )
+    if reinit_pooler:
+        reinitialise_pooler(hf, f"the {config.model_type} export in {hf_dir}")
+
+    batch_size, epochs = int(cfg.task.batch_size), int(cfg.task.epochs)
+    loader = torch.utils.data.DataLoader(
+        EncodedDataset(train),
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=partial(collate, pad_id=model.tokens.pad_id),
+    )
+    params = [p for p in hf.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": float(cfg.task.weight_decay)},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=float(cfg.task.lr),
+        betas=tuple(cfg.optim.betas),
+        eps=float(cfg.optim.eps),
+    )
+    total = math.ceil(len(train) / batch_size) * epochs
+    warmup = float(cfg.task.warmup)
+    schedule = transformers.get_linear_schedule_with_warmup(
+        opt, int(round(warmup * total)) if warmup < 1 else int(warmup), total
+    )
+    clip = cfg.optim.get("grad_clip")
+    hf.train()
+    for _ in range(epochs):
+        for batch in loader:
+            labels = batch["labels"].float() if spec.is_regression else batch["labels"].long()
+            out = hf(
+                input_ids=batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"].long(),
+                labels=labels,
+            )
+            out.loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, float(clip))
+            opt.step()
+            schedule.step()
+            opt.zero_grad(set_to_none=True)
+
+    hf.eval()
+    metrics: dict[str, float] = {}
+    for name, split in evals.items():
+        predictions = []
+        eval_loader = torch.utils.data.DataLoader(
+            EncodedDataset(split), batch_size=2 * batch_size, collate_fn=partial(collate, pad_id=model.tokens.pad_id)
+        )
+        with torch.no_grad():
+            for batch in eval_loader:
+                logits = hf(
+                    input_ids=batch["input_ids"],
+                    token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch["attention_mask"].long(),
+                ).logits
+                predictions.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
+        pred = torch.cat(predictions).numpy()
+        suffix = spec.eval_splits[name][1]
+        metrics.update(
+            {f"{k}{suffix}": v for k, v in compute(list(spec.metrics), pred, np.asarray(split.labels)).items()}
+        )
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
+    parser.add_argument("overrides", nargs="*", help="finetune.py overrides, e.g. task=stsb glue.data_dir=glue_data")
+    parser.add_argument("--seeds", default="0", help="comma-separated fine-tuning seeds")
+    parser.add_argument("--reinit-pooler", action="store_true", help="re-initialise the reference's pooler first")
+    parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
+    parser.add_argument("--out", help="a new directory for both sides' runs and results.csv (default: temporary)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="glue-reference-"))
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"--out {out} already holds files (an earlier check?): give a new directory.")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "logger=csv", *args.overrides])
+    spec = get_task(cfg.task.name)
+    if spec.name not in {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}:
+        raise SystemExit(f"task={spec.name}: the reference fine-tunes GLUE tasks only.")
+    pretrained = str(cfg.pretrained)
+    hf_dir = Path(pretrained[3:]) if pretrained.startswith("hf:") else export_hf(pretrained, out / "hf")
+
+    rows = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        cfg.seed = seed
+        sides = {}
+        if not args.reference_only:
+            from pretrainlab.finetuning.run import run
+
+            sides["pretrainlab"] = run(cfg, out / f"pretrainlab-seed{seed}", choices=choices)["metrics"]
+        sides["transformers" + (" (pooler re-initialised)" if args.reinit_pooler else "")] = reference_metrics(
+            cfg, hf_dir, seed, args.reinit_pooler
+        )
+        for side, metrics in sides.items():
+            rows.append({"side": side, "seed": seed, **metrics, "score": task_score(metrics)})
+
+    names = [k for k in rows[0] if k not in ("side", "seed")]
+    print(f"\n{spec.name}: {args.pretrained}\n")
+    print("| side | seed | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for r in rows:
+        print(f"| {r['side']} | {r['seed']} | " + " | ".join(f"{r[k]:.4f}" for k in names) + " |")
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\nboth sides' runs and results.csv: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
