@@ -30,21 +30,22 @@ import logging
 import math
 import sys
 import tempfile
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.utils import instantiate
 
 from pretrainlab.config import plain_or_none
 from pretrainlab.export.hf import export_hf
 from pretrainlab.finetuning.encoders import load_pretrained
-from pretrainlab.glue.data import EncodedDataset, collate, encode, load_task
+from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate, encode, load_task
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
+from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
-
-log = logging.getLogger("pretrainlab")
 
 
 def reinitialise_pooler(hf, name: str = "this model") -> None:
@@ -62,25 +63,42 @@ def reinitialise_pooler(hf, name: str = "this model") -> None:
                 layer.bias.zero_()
 
 
-def reference_metrics(cfg, hf_dir: Path, seed: int, reinit_pooler: bool = False) -> dict[str, float]:
-    """transformers' sequence classifier on ``hf_dir`` fine-tuned as ``cfg`` says; its dev metrics
-    after the last epoch, named as pretrainlab's results name them."""
-    import transformers
+@dataclass
+class TaskInputs:
+    """A task's tokenized examples, as pretrainlab's fine-tuning builds them: read once, used by every seed."""
 
-    spec: TaskSpec = get_task(cfg.task.name)
+    spec: TaskSpec
+    train: EncodedSplit
+    evals: dict[str, EncodedSplit]
+    pad_id: int
+
+
+def task_inputs(cfg) -> TaskInputs:
+    spec = get_task(cfg.task.name)
     model = load_pretrained(cfg.pretrained)  # the tokenizer and special tokens, for the same inputs
     glue = cfg.glue
     splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
-    train = encode(
-        splits["train"].head(glue.get("max_train_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len
-    )
-    evals = {
-        name: encode(
-            splits[name].head(glue.get("max_eval_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len
-        )
-        for name in spec.eval_splits
-    }
 
+    def encoded(name: str, limit) -> EncodedSplit:
+        return encode(splits[name].head(limit), model.tokenizer, model.tokens, cfg.task.max_seq_len)
+
+    return TaskInputs(
+        spec,
+        encoded("train", glue.get("max_train_examples")),
+        {name: encoded(name, glue.get("max_eval_examples")) for name in spec.eval_splits},
+        model.tokens.pad_id,
+    )
+
+
+def reference_metrics(
+    cfg, inputs: TaskInputs, hf_dir: Path, seed: int, reinit_pooler: bool = False
+) -> dict[str, float]:
+    """transformers' sequence classifier on ``hf_dir`` fine-tuned on ``inputs`` as ``cfg`` says (the
+    settings of ``cfg.optim`` and ``cfg.task``, the weight-decay groups and warm-up steps of
+    ``OptimConfig``); its dev metrics after the last epoch, named as pretrainlab's results name them."""
+    import transformers
+
+    spec, train = inputs.spec, inputs.train
     torch.manual_seed(seed)
     config = transformers.AutoConfig.from_pretrained(hf_dir, local_files_only=True)
     dropout_key = "classifier_dropout_prob" if config.model_type == "albert" else "classifier_dropout"
@@ -96,24 +114,14 @@ def reference_metrics(cfg, hf_dir: Path, seed: int, reinit_pooler: bool = False)
         batch_size=batch_size,
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
-        collate_fn=partial(collate, pad_id=model.tokens.pad_id),
+        collate_fn=partial(collate, pad_id=inputs.pad_id),
     )
+    optim: OptimConfig = instantiate(cfg.optim)
     params = [p for p in hf.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": float(cfg.task.weight_decay)},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ],
-        lr=float(cfg.task.lr),
-        betas=tuple(cfg.optim.betas),
-        eps=float(cfg.optim.eps),
-    )
+    opt = torch.optim.AdamW(optim.param_groups(hf), lr=optim.lr, betas=optim.betas, eps=optim.eps)
     total = math.ceil(len(train) / batch_size) * epochs
-    warmup = float(cfg.task.warmup)
-    schedule = transformers.get_linear_schedule_with_warmup(
-        opt, int(round(warmup * total)) if warmup < 1 else int(warmup), total
-    )
-    clip = cfg.optim.get("grad_clip")
+    schedule = transformers.get_linear_schedule_with_warmup(opt, optim.warmup_steps(total), total)
+    clip = optim.grad_clip
     hf.train()
     for _ in range(epochs):
         for batch in loader:
@@ -133,10 +141,10 @@ def reference_metrics(cfg, hf_dir: Path, seed: int, reinit_pooler: bool = False)
 
     hf.eval()
     metrics: dict[str, float] = {}
-    for name, split in evals.items():
+    for name, split in inputs.evals.items():
         predictions = []
         eval_loader = torch.utils.data.DataLoader(
-            EncodedDataset(split), batch_size=2 * batch_size, collate_fn=partial(collate, pad_id=model.tokens.pad_id)
+            EncodedDataset(split), batch_size=2 * batch_size, collate_fn=partial(collate, pad_id=inputs.pad_id)
         )
         with torch.no_grad():
             for batch in eval_loader:
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="glue-reference-"))
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SystemExit(f"--out {out} already holds files (an earlier check?): give a new directory.")
     out.mkdir(parents=True, exist_ok=True)
     cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "logger=csv", *args.overrides])
@@ -176,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     pretrained = str(cfg.pretrained)
     hf_dir = Path(pretrained[3:]) if pretrained.startswith("hf:") else export_hf(pretrained, out / "hf")
 
+    inputs = task_inputs(cfg)
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         cfg.seed = seed
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
             sides["pretrainlab"] = run(cfg, out / f"pretrainlab-seed{seed}", choices=choices)["metrics"]
         sides["transformers" + (" (pooler re-initialised)" if args.reinit_pooler else "")] = reference_metrics(
-            cfg, hf_dir, seed, args.reinit_pooler
+            cfg, inputs, hf_dir, seed, args.reinit_pooler
         )
         for side, metrics in sides.items():
             rows.append({"side": side, "seed": seed, **metrics, "score": task_score(metrics)})
