@@ -582,7 +582,7 @@ def test_the_transformers_reference_fine_tunes_what_pretrainlab_fine_tunes(pretr
         assert np.isfinite([float(rows["stsb"][side][k]) for k in ("pearson", "spearman")]).all()
 
 
-def test_the_reference_draws_a_loaded_pooler_afresh():
+def test_the_reference_draws_a_loaded_pooler_afresh(tmp_path):
     """glue_reference.py --reinit-pooler: the pooler a checkpoint gave the model is drawn again as
     transformers initialises a linear layer (normal with the config's range, zero bias), for BERT's pooler
     (dense + tanh) and ALBERT's (a linear layer); a model without one is refused, naming it."""
@@ -596,12 +596,17 @@ def test_the_reference_draws_a_loaded_pooler_afresh():
     small = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, vocab_size=100)
     for name in ("Bert", "Albert"):
         config = getattr(transformers, f"{name}Config")(initializer_range=0.5, **small)
-        hf = getattr(transformers, f"{name}ForSequenceClassification")(config)
+        cls = getattr(transformers, f"{name}ForSequenceClassification")
+        built = cls(config)
+        with torch.no_grad():  # a checkpoint whose pooler is unlike a fresh draw
+            for m in built.base_model.pooler.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.fill_(0.01)
+                    m.bias.fill_(0.3)
+        built.save_pretrained(tmp_path / name)
+        hf = cls.from_pretrained(tmp_path / name)  # loaded, as the script loads it
         pooler = [m for m in hf.base_model.pooler.modules() if isinstance(m, torch.nn.Linear)]
-        assert len(pooler) == 1
-        with torch.no_grad():  # as loaded: weights unlike a fresh draw
-            pooler[0].weight.fill_(0.01)
-            pooler[0].bias.fill_(0.3)
+        assert len(pooler) == 1 and float(pooler[0].bias.detach()[0]) == pytest.approx(0.3)
         reinitialise_pooler(hf)
         assert float(pooler[0].weight.detach().std()) == pytest.approx(0.5, rel=0.05)
         assert abs(float(pooler[0].weight.detach().mean())) < 0.05 and not pooler[0].bias.detach().any()
