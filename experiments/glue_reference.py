@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
-from pretrainlab.config import plain_or_none
 from pretrainlab.export.hf import export_hf
 from pretrainlab.finetuning.encoders import load_pretrained
-from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate, encode, load_task
+from pretrainlab.finetuning.run import glue_examples
+from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
 from pretrainlab.optim import OptimConfig
@@ -74,20 +74,9 @@ class TaskInputs:
 
 
 def task_inputs(cfg) -> TaskInputs:
-    spec = get_task(cfg.task.name)
     model = load_pretrained(cfg.pretrained)  # the tokenizer and special tokens, for the same inputs
-    glue = cfg.glue
-    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
-
-    def encoded(name: str, limit) -> EncodedSplit:
-        return encode(splits[name].head(limit), model.tokenizer, model.tokens, cfg.task.max_seq_len)
-
-    return TaskInputs(
-        spec,
-        encoded("train", glue.get("max_train_examples")),
-        {name: encoded(name, glue.get("max_eval_examples")) for name in spec.eval_splits},
-        model.tokens.pad_id,
-    )
+    train, evals = glue_examples(cfg, model)
+    return TaskInputs(get_task(cfg.task.name), train, evals, model.tokens.pad_id)
 
 
 def reference_metrics(

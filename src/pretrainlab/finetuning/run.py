@@ -107,20 +107,29 @@ class Job:
     fields: dict = field(default_factory=dict)  # what its results add: examples, the no-skill level, the data
 
 
+def glue_examples(cfg: DictConfig, model: Pretrained) -> tuple[EncodedSplit, dict[str, EncodedSplit]]:
+    """``cfg.task``'s training examples and each of its dev splits (by name), read and tokenized as
+    fine-tuning trains and evaluates on them: ``glue.max_train_examples`` / ``max_eval_examples``,
+    ``task.max_seq_len``, ``model``'s tokenizer and special tokens."""
+    spec = get_task(cfg.task.name)
+    glue = cfg.glue
+    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
+
+    def encoded(name: str, limit: int | None) -> EncodedSplit:
+        return encode(splits[name].head(limit), model.tokenizer, model.tokens, cfg.task.max_seq_len)
+
+    return encoded("train", glue.get("max_train_examples")), {
+        name: encoded(name, glue.get("max_eval_examples")) for name in spec.eval_splits
+    }
+
+
 def _glue_job(cfg: DictConfig, model: Pretrained, optim, plan: DevicePlan) -> Job:
     spec = get_task(cfg.task.name)
     t0 = time.time()
     glue = cfg.glue
-    synthetic = plain_or_none(glue.get("synthetic"))
-    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
-    digests = data_digests(spec, glue.source, glue.data_dir, cfg.cache_dir, synthetic)
-    train_split = splits["train"].head(glue.get("max_train_examples"))
-    eval_names = list(spec.eval_splits)
-    encoded_train = encode(train_split, model.tokenizer, model.tokens, cfg.task.max_seq_len)
-    encoded_eval = [
-        encode(splits[s].head(glue.get("max_eval_examples")), model.tokenizer, model.tokens, cfg.task.max_seq_len)
-        for s in eval_names
-    ]
+    digests = data_digests(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
+    encoded_train, evals = glue_examples(cfg, model)
+    eval_names, encoded_eval = list(evals), list(evals.values())
     log.info(
         "%s: %d train, %s dev examples (%d truncated to %d tokens), loaded in %.1fs",
         spec.name,
@@ -419,4 +428,4 @@ def _result(
     }
 
 
-__all__ = ["run"]
+__all__ = ["glue_examples", "run"]
