@@ -18,7 +18,7 @@ from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, ROOT, compose_config, compose_train
 
 # options that need a value the user must give
-REQUIRED = {("tokenizer", "pretrained"): ["tokenizer.path=tokenizer.json"]}
+REQUIRED = {("tokenizer", "pretrained"): ["tokenizer.path=tokenizer.json"], ("data", "packed"): ["data.path=pack"]}
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("experiment",))
 OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
 

@@ -359,3 +359,74 @@ def test_a_file_is_hashed_once_per_version_of_it(tmp_path, monkeypatch):
         f.write(b"c")
     os.utime(path, ns=(before + 1, before + 1))  # even on a file system with coarse timestamps
     assert hashing.file_digest(path) == real(b"c" + b"b" * 999).hexdigest() and len(reads) == 3
+
+
+def _packed(tmp_path, vocab_size=500):
+    """A synthetic corpus tokenized, and packed: (its PretrainData, the pack's directory, the spec)."""
+    from pretrainlab.data.packed import pack_corpus
+
+    spec = TokenizerSpec(vocab_size=vocab_size)
+    data = PretrainData(SyntheticCorpus(num_documents=80), spec, tmp_path / "cache", val_fraction=0.1)
+    pack = pack_corpus(tmp_path / "pack", data.tokenized, data.tokenizer, spec, data.corpus.key(), "synthetic")
+    return data, pack, spec
+
+
+def test_a_packed_corpus_gives_the_runs_of_the_text_it_came_from(tmp_path):
+    """The pack's documents, tokenizer, held-out split and examples are those of its source corpus."""
+    from pretrainlab.data.packed import PackedCorpus
+
+    data, pack, spec = _packed(tmp_path)
+    packed = PretrainData(PackedCorpus(path=str(pack)), spec, tmp_path / "other-cache", val_fraction=0.1)
+    for name in ("tokens", "sentence_offsets", "doc_offsets"):
+        assert np.array_equal(getattr(packed.tokenized, name), getattr(data.tokenized, name)), name
+    assert packed.tokenizer.to_str() == data.tokenizer.to_str()
+    assert np.array_equal(packed.split_indices("val"), data.split_indices("val"))
+    tokens = special_tokens(data.tokenizer)
+    builder = PackedBlocks(64, tokens.cls_id, tokens.sep_id)
+    a, b = data.examples(builder, "train"), packed.examples(builder, "train")
+    assert len(a) == len(b) > 0 and all(np.array_equal(a[i]["input_ids"], b[i]["input_ids"]) for i in range(len(a)))
+    assert np.load(pack / "tokens.npy").dtype == np.uint16  # a vocabulary below 65,536 is stored in two bytes
+    assert "80 documents" in packed.corpus.describe()
+
+
+def test_a_packed_corpus_refuses_another_tokenizer_and_a_damaged_pack(tmp_path):
+    from pretrainlab.data.corpus import CorpusError
+    from pretrainlab.data.packed import PackedCorpus
+
+    _, pack, spec = _packed(tmp_path)
+    other = PretrainData(PackedCorpus(path=str(pack)), TokenizerSpec(vocab_size=600), tmp_path / "c1")
+    with pytest.raises(CorpusError, match="tokenizer.vocab_size=500.*asks for 600"):
+        other.tokenizer
+    with pytest.raises(CorpusError, match="holds tokens, not text"):
+        other.corpus.documents(tmp_path)
+    tokens = pack / "tokens.npy"
+    raw = bytearray(tokens.read_bytes())
+    raw[-1] ^= 1
+    tokens.write_bytes(bytes(raw))
+    with pytest.raises(CorpusError, match="tokens.npy is not the file the pack was made with"):
+        PretrainData(PackedCorpus(path=str(pack)), spec, tmp_path / "c2")
+    with pytest.raises(CorpusError, match="not a packed corpus"):
+        PretrainData(PackedCorpus(path=str(tmp_path)), spec, tmp_path / "c3")
+
+
+def test_a_packed_corpus_needs_no_datasets_library(tmp_path):
+    """A machine that has the packed corpus needs neither its text nor ``datasets`` (a GPU slot's node):
+    the pack is read and its examples built and cached with pyarrow alone."""
+    import subprocess
+    import sys
+
+    _, pack, _ = _packed(tmp_path)
+    script = f"""
+import sys
+sys.modules["datasets"] = None  # importing it fails
+from pretrainlab.data.packed import PackedCorpus
+from pretrainlab.data.packing import PackedBlocks
+from pretrainlab.data.pipeline import PretrainData
+from pretrainlab.data.tokenizer import TokenizerSpec
+from pretrainlab.tokens import special_tokens
+data = PretrainData(PackedCorpus(path={str(pack)!r}), TokenizerSpec(vocab_size=500), {str(tmp_path / "fresh")!r})
+t = special_tokens(data.tokenizer)
+print(len(data.examples(PackedBlocks(64, t.cls_id, t.sep_id), "train")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and int(done.stdout.strip()) > 0, done.stderr[-2000:]

@@ -4,6 +4,7 @@ examples as a store indexed like a list."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -109,4 +110,15 @@ def examples_to_table(examples: Iterable[Example]) -> pa.Table:
     return pa.table(arrays)
 
 
-__all__ = ["ExampleStore", "TokenizedDocuments", "examples_to_table", "list_offsets"]
+def write_table(table: pa.Table, path: str | Path) -> None:
+    """``table`` as an Arrow IPC file at ``path`` (read back, memory-mapped, by :func:`read_table`)."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def read_table(path: str | Path) -> pa.Table:
+    """The table of an Arrow IPC file, memory-mapped: nothing is read until it is used."""
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+__all__ = ["ExampleStore", "TokenizedDocuments", "examples_to_table", "list_offsets", "read_table", "write_table"]

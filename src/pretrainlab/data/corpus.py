@@ -17,13 +17,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import hub_offline
 from pretrainlab.data.synthetic import GENERATOR_VERSION, SyntheticLanguage, generate_documents
+
+if TYPE_CHECKING:  # imported where a corpus is read: a packed corpus (data=packed) needs no ``datasets``
+    import datasets
 
 # --- sentence splitting ------------------------------------------------------------------------
 
@@ -248,6 +249,8 @@ class SyntheticCorpus(Corpus):
         return {**super().key(), "generator_version": GENERATOR_VERSION}
 
     def documents(self, cache_dir: Path) -> datasets.Dataset:
+        import datasets
+
         language = SyntheticLanguage(seed=self.seed, num_topics=self.num_topics)
         texts = generate_documents(self.num_documents, self.min_sentences, self.max_sentences, language)
         return datasets.Dataset.from_dict({"sentences": [split_sentences(t) for t in texts]})
@@ -337,6 +340,8 @@ class TextFiles(Corpus):
                 f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "
                 f"document; {self.few_documents_hint()}"
             )
+        import datasets
+
         kwargs: dict[str, Any] = {}
         column = self.text_column
         if loader == "text":
@@ -419,6 +424,8 @@ class HubCorpus(Corpus):
         return [HubSource(**dict(s)) for s in self.sources]
 
     def _load(self, src: HubSource, cache_dir: Path):
+        import datasets
+
         try:
             return datasets.load_dataset(
                 src.path,
@@ -471,6 +478,8 @@ class HubCorpus(Corpus):
     def documents(self, cache_dir: Path):
         if self.streaming:
             return _Reiterable(self, cache_dir)
+        import datasets
+
         return datasets.Dataset.from_generator(
             self.iter_documents,
             gen_kwargs={"cache_dir": cache_dir},

@@ -19,16 +19,16 @@ from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 
-import datasets
 import numpy as np
 from filelock import FileLock
 from tokenizers import Tokenizer
 
 from pretrainlab import atomic
-from pretrainlab.data.arrow import ExampleStore, TokenizedDocuments, examples_to_table
+from pretrainlab.data.arrow import ExampleStore, TokenizedDocuments, examples_to_table, read_table, write_table
 from pretrainlab.data.corpus import Corpus, CorpusError
 from pretrainlab.data.examples import ExampleBuilder
 from pretrainlab.data.hashing import fingerprint
+from pretrainlab.data.packed import PackedCorpus
 from pretrainlab.data.tokenizer import TokenizerSpec
 
 log = logging.getLogger("pretrainlab")
@@ -101,6 +101,8 @@ class PretrainData:
     # tokenizer
     @property
     def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None and isinstance(self.corpus, PackedCorpus):
+            self._tokenizer = self.corpus.tokenizer(self.tokenizer_spec)
         if self._tokenizer is None:
             spec = self.tokenizer_spec
             cached = spec.kind != "pretrained" and spec.cache_path(self.corpus_key, self.cache_dir).is_file()
@@ -125,7 +127,11 @@ class PretrainData:
     def tokenized(self) -> TokenizedDocuments:
         if self.corpus.streaming:
             raise RuntimeError("a streamed corpus is tokenized on the fly, not cached")
+        if self._tokenized is None and isinstance(self.corpus, PackedCorpus):
+            self._tokenized = self.corpus.tokenized()  # tokenized when it was packed
         if self._tokenized is None:
+            import datasets
+
             path = self.cache_dir / "tokenized" / self.tokenized_key / "data.arrow"
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(path.parent) + ".lock"):
@@ -175,6 +181,7 @@ class PretrainData:
                 "split": split,
                 "val_fraction": self.val_fraction,
                 "split_seed": self.split_seed,
+                "format": "arrow-ipc",
             }
         )
         final = self.cache_dir / "examples" / key
@@ -187,17 +194,12 @@ class PretrainData:
                 rng = np.random.default_rng([self.split_seed, 1 if split == "val" else 0])
 
                 def build(tmp: Path) -> None:
-                    table = examples_to_table(builder(docs, rng))
-                    datasets.disable_progress_bars()
-                    try:
-                        datasets.Dataset(table).save_to_disk(str(tmp))
-                    finally:
-                        datasets.enable_progress_bars()
+                    write_table(examples_to_table(builder(docs, rng)), tmp / "examples.arrow")
 
                 atomic.build_dir(final, build, replace=False)
                 log.info("%s examples: built in %.1fs -> %s", split, time.perf_counter() - t, final)
-            ds = datasets.load_from_disk(str(final))
-        store = ExampleStore(ds.data.table)
+            table = read_table(final / "examples.arrow")
+        store = ExampleStore(table)
         if len(store) == 0:
             raise ValueError(
                 f"the {split} split produced no examples from {self.corpus.describe()}; the corpus is too "
