@@ -64,6 +64,8 @@ def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkey
         assert (root / run / "encoder" / "config.json").is_file()
         log = (tmp_path / "par" / "logs" / f"pretrain-{run}.log").read_text()
         assert "finished: step 30" in log and f"exported encoder -> {root / run / 'encoder'}" in log, log[-2000:]
+        # its held-out checks were computed in its own process, where the study reads them back
+        assert f"held-out checks -> {root / run / 'intrinsic.json'}" in log, log[-2000:]
     assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
     cost = (tmp_path / "par" / "report" / "cost.md").read_text()
     assert "(2 runs at a time, each on its share of the cores" in cost

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -96,10 +97,11 @@ def _set_group(cfg: DictConfig, group: str) -> None:
         cfg.logger.group = group
 
 
-def run_study(cfg: DictConfig) -> dict:
+def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) -> dict:
     """Run (or continue) the study ``cfg`` describes; returns the comparison table. Every pretraining
     run already there and every finished GLUE result is checked against the study's settings before
-    anything runs; a signal stops the study with its command to continue."""
+    anything runs; a signal stops the study with its command to continue. ``timeline``: told the
+    name of each phase as it starts (``pretraining``, ``evaluation``, ``report``) and ``end``."""
     os.environ.setdefault("WANDB_SILENT", "true")  # dozens of runs: W&B speaks only when something fails
     root = Path(cfg.output_root).expanduser() / cfg.study
     objectives = list(dict.fromkeys(options("objective") if cfg.objectives == "all" else cfg.objectives))
@@ -115,9 +117,28 @@ def run_study(cfg: DictConfig) -> dict:
     lock(root, "study")
     try:
         with exit_on_signal(f"the study {cfg.study}", resume):
-            return _run_study(cfg, root, objectives, fractions, resume)
+            return _run_study(cfg, root, objectives, fractions, resume, timeline or (lambda phase: None))
     finally:
         unlock(root)
+
+
+def pretraining_config(
+    cfg: DictConfig, objective: str, seed: int, fractions: list[float] | None = None
+) -> tuple[DictConfig, dict[str, str]]:
+    """The composed config (and group choices) of the study's pretraining run of ``objective`` and
+    ``seed``: ``pretrain``'s overrides, the objective's own (``objective_overrides``), snapshots."""
+    overrides = [
+        f"objective={objective}",
+        f"seed={seed}",
+        *cfg.pretrain,
+        *(cfg.get("objective_overrides") or {}).get(objective, []),
+    ]
+    if fractions:
+        overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
+    train_cfg, choices = compose("train", overrides)
+    _set_group(train_cfg, cfg.study)
+    train_cfg.export = True
+    return train_cfg, choices
 
 
 def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float]) -> list[tuple]:
@@ -127,17 +148,7 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
     for objective in objectives:
         for seed in dict.fromkeys(int(s) for s in cfg.seeds):
             run_dir = root / "pretrain" / f"{objective}-s{seed}"
-            overrides = [
-                f"objective={objective}",
-                f"seed={seed}",
-                *cfg.pretrain,
-                *(cfg.get("objective_overrides") or {}).get(objective, []),
-            ]
-            if fractions:
-                overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
-            train_cfg, choices = compose("train", overrides)
-            _set_group(train_cfg, cfg.study)
-            train_cfg.export = True
+            train_cfg, choices = pretraining_config(cfg, objective, seed, fractions)
             check_same_run(run_dir, train_cfg)
             done = (run_dir / "encoder" / "config.json").is_file()
             orphans = (
@@ -157,7 +168,14 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
     return planned
 
 
-def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float], resume: str) -> dict:
+def _run_study(
+    cfg: DictConfig,
+    root: Path,
+    objectives: list[str],
+    fractions: list[float],
+    resume: str,
+    timeline: Callable[[str], None],
+) -> dict:
     planned = _pretraining_runs(cfg, root, objectives, fractions)
     runs = [run_dir for run_dir, *_ in planned]
     glue_overrides = [
@@ -202,8 +220,10 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
         except ValueError as e:
             raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
     jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in pending])
+    timeline("pretraining")
     if jobs > 1 and len(pending) > 1:
-        run_parallel([pretraining_work(r, c, ch, root / "logs") for r, c, ch in pending], jobs, resume)
+        intrinsic = bool(cfg.get("intrinsic", True))
+        run_parallel([pretraining_work(r, c, ch, root / "logs", intrinsic) for r, c, ch in pending], jobs, resume)
     else:
         for run_dir, train_cfg, choices in pending:
             pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)
@@ -222,6 +242,7 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
                     fraction,
                     list(fractions),
                 )
+    timeline("evaluation")
     suites = [(encoder, init, suite_cfg(encoder, init)) for encoder, init in encoders()]
     unfinished = [
         (encoder, init, gcfg)
@@ -237,8 +258,28 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
     for _, _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
         run_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
-    # the report holds what this study asks for: its runs, tasks, seeds and snapshots (not results an
-    # earlier version of the study left in its directories)
+    timeline("report")
+    table = report_study(cfg, runs, report, tasks, seeds, fractions, learned)
+    timeline("end")
+    return table
+
+
+def report_study(
+    cfg: DictConfig,
+    runs: list[Path],
+    report: Path,
+    tasks: list[str],
+    seeds: list[int],
+    fractions: list[float],
+    learned: dict,
+    recorded: bool = False,
+) -> dict:
+    """The study's report in ``report``, from what its runs hold: the comparison of the results the
+    study asks for (its tasks, seeds and snapshots, not results an earlier version of the study left
+    in its directories), opened by the runs still at their trivial baselines (``learned``:
+    ``intrinsic.learning_report``); the held-out checks (``intrinsic``), the cost, and the W&B table.
+    ``recorded``: runs brought back without their weights (``pretrainlab.slot``), whose held-out checks
+    are read, not computed. Returns the comparison table."""
     wanted_tasks = set(tasks)
 
     def asked(r: dict) -> bool:
@@ -267,12 +308,14 @@ def _run_study(cfg: DictConfig, root: Path, objectives: list[str], fractions: li
             report / "learning.md",
         )
     if cfg.get("intrinsic", True):
-        print("\n" + intrinsic_markdown(intrinsic_report(runs, report)))
+        print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
     cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)))
     log.info(
         "compute: pretraining %.0f s, evaluation %.0f s (report/cost.md)", cost["pretraining_s"], cost["evaluation_s"]
     )
     log.info("report -> %s (comparison.md, .csv, .png)", report)
+    if recorded:  # brought back from elsewhere: its runs logged where they ran
+        return table
     lcfg = compose("train", list(cfg.pretrain))[0].get("logger") or {}
     if wandb_runs.enabled(lcfg):
         wandb_runs.log_comparison(

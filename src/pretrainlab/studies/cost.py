@@ -21,11 +21,13 @@ from pretrainlab import atomic
 from pretrainlab.glue.results import is_results_file
 
 RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
+# a run brought back without its weights (``pretrainlab.slot``) keeps its export's config.json under this name
+EXPORT_RECORD = "encoder.json"
 
 
 def _pretraining(run: Path) -> dict | None:
-    config = run / "encoder" / "config.json"
-    if not config.is_file():
+    config = next((c for c in (run / "encoder" / "config.json", run / EXPORT_RECORD) if c.is_file()), None)
+    if config is None:
         return None
     record = json.loads(config.read_text()).get("pretraining") or {}
     return {

@@ -32,6 +32,7 @@ from pretrainlab.objectives import learning
 from pretrainlab.objectives.learning import AT, PAST, HeadCheck
 from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
 from pretrainlab.runtime.checkpoints import read
+from pretrainlab.runtime.devices import uses_cuda
 
 log = logging.getLogger("pretrainlab")
 
@@ -40,13 +41,19 @@ PAIR_TASKS = ("nsp", "sop")
 
 @torch.no_grad()
 def evaluate(
-    run_dir: str | Path, pair_task: str | None = None, batch_size: int = 64, max_batches: int | None = None
+    run_dir: str | Path,
+    pair_task: str | None = None,
+    batch_size: int = 64,
+    max_batches: int | None = None,
+    device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """The held-out metrics of the run in ``run_dir`` (its ``config.yaml`` and ``checkpoints/last.ckpt``),
     averaged over the validation examples. ``pair_task`` (``nsp``/``sop``, for a run with a pair head):
-    build the validation pairs of that task instead of the run's own."""
+    build the validation pairs of that task instead of the run's own. ``device``: where to compute
+    (default: the GPU for a run that trained on one, else the CPU; float32 either way)."""
     run_dir = Path(run_dir)
     cfg = cast(DictConfig, OmegaConf.load(run_dir / "config.yaml"))
+    device = torch.device(device if device is not None else "cuda" if uses_cuda(cfg) else "cpu")
     checkpoint = read(run_dir / "checkpoints" / "last.ckpt")
     data, tokens = build_data(cfg)
     encoder_config = build_encoder_config(cfg, tokens.vocab_size)
@@ -55,7 +62,7 @@ def evaluate(
     state = checkpoint["state_dict"]  # compile wraps a function, not the modules: the keys are plain
     encoder.load_state_dict({k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")})
     objective.load_state_dict({k[len("objective.") :]: v for k, v in state.items() if k.startswith("objective.")})
-    encoder.eval(), objective.eval()
+    encoder.to(device).eval(), objective.to(device).eval()
 
     builder = objective.example_builder(cfg.max_seq_len)
     if pair_task is not None:
@@ -77,7 +84,7 @@ def evaluate(
     for i, batch in enumerate(datamodule.val_dataloader()):
         if max_batches is not None and i >= max_batches:
             break
-        batch = {k: v for k, v in batch.items() if k != "global_tokens"}
+        batch = {k: v.to(device) for k, v in batch.items() if k != "global_tokens"}
         out = objective(encoder, batch)
         n = batch["input_ids"].shape[0]
         for name, value in {"loss": out.loss, **out.metrics}.items():
@@ -92,10 +99,19 @@ def evaluate(
     return result
 
 
-def held_out(run: Path) -> dict | None:
+def held_out(run: Path, recorded: bool = False) -> dict | None:
     """The run's own held-out evaluation (``evaluate``), computed once per checkpoint and kept in
-    ``<run>/intrinsic.json``; None (with a warning) for a run without ``checkpoints/last.ckpt``."""
+    ``<run>/intrinsic.json``; None (with a warning) for a run without ``checkpoints/last.ckpt``.
+    ``recorded``: read what ``intrinsic.json`` holds and compute nothing (a run brought back without
+    its weights: ``pretrainlab.slot``); None (with a warning) when it holds no such evaluation."""
     checkpoint = run / "checkpoints" / "last.ckpt"
+    if recorded:
+        cached = run / "intrinsic.json"
+        row = json.loads(cached.read_text()) if cached.is_file() else {}
+        if "learning" in row.get("own", {}) and row.get("baselines") == learning.BASELINE_VERSION:
+            return row
+        log.warning("%s has no held-out evaluation of its last checkpoint (intrinsic.json): left out", run)
+        return None
     if not checkpoint.is_file():
         log.warning("%s has no checkpoints/last.ckpt: left out of the held-out checks", run)
         return None
@@ -111,11 +127,12 @@ def held_out(run: Path) -> dict | None:
     return row
 
 
-def learning_report(runs: list[Path], out_dir: Path) -> dict[str, dict]:
+def learning_report(runs: list[Path], out_dir: Path, recorded: bool = False) -> dict[str, dict]:
     """What each run's heads learned beside their trivial baselines, on the held-out documents
     (``objectives.learning``): ``learning.json`` and ``learning.md`` in ``out_dir``, and a warning for
-    every head still at its baseline. Returns {run name: {"objective", "metrics", "checks"}}."""
-    rows = {run.name: row["own"]["learning"] for run in runs if (row := held_out(run)) is not None}
+    every head still at its baseline. Returns {run name: {"objective", "metrics", "checks"}}.
+    ``recorded``: from each run's ``intrinsic.json`` only (:func:`held_out`)."""
+    rows = {run.name: row["own"]["learning"] for run in runs if (row := held_out(run, recorded)) is not None}
     for name, row in rows.items():
         for check in row["checks"]:
             if check["status"] == AT:
@@ -264,20 +281,30 @@ def learning_preface(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def intrinsic_report(runs: list[Path], out_dir: Path) -> dict:
+def intrinsic_row(run: Path, recorded: bool = False) -> dict | None:
+    """The run's held-out metrics (:func:`held_out`) with, for a run with a pair head, the NSP/SOP
+    cross-check: computed once per checkpoint, kept in ``<run>/intrinsic.json`` (``recorded``: read
+    from there only)."""
+    row = held_out(run, recorded)
+    if row is None:
+        return None
+    pair = next((t for t in PAIR_TASKS if f"{t}_acc" in row["own"]), None)
+    if pair is not None and "cross" not in row and not recorded:
+        other = PAIR_TASKS[1 - PAIR_TASKS.index(pair)]
+        row["cross"] = {"head": pair, "pairs": other, "acc": evaluate(run, other)[f"{pair}_acc"]}
+        atomic.write_json(run / "intrinsic.json", row)
+    return row
+
+
+def intrinsic_report(runs: list[Path], out_dir: Path, recorded: bool = False) -> dict:
     """Held-out metrics of every run and the NSP/SOP cross-check, as ``intrinsic.json`` and
     ``intrinsic.md`` in ``out_dir``; a run evaluated before (same checkpoint) is read back from
-    ``<run>/intrinsic.json``."""
+    ``<run>/intrinsic.json`` (``recorded``: every run is)."""
     rows = {}
     for run in runs:
-        row = held_out(run)
+        row = intrinsic_row(run, recorded)
         if row is None:
             continue
-        pair = next((t for t in PAIR_TASKS if f"{t}_acc" in row["own"]), None)
-        if pair is not None and "cross" not in row:
-            other = PAIR_TASKS[1 - PAIR_TASKS.index(pair)]
-            row["cross"] = {"head": pair, "pairs": other, "acc": evaluate(run, other)[f"{pair}_acc"]}
-            atomic.write_json(run / "intrinsic.json", row)
         rows[run.name] = row
     report = {"runs": rows}
     atomic.write_json(out_dir / "intrinsic.json", report)
@@ -317,6 +344,7 @@ __all__ = [
     "at_baseline",
     "evaluate",
     "held_out",
+    "intrinsic_row",
     "intrinsic_markdown",
     "intrinsic_report",
     "learning_curves",

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -67,8 +68,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 @dataclass
 class Work:
-    """One process's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices) or an
-    encoder's evaluation suite (``kind="suite"``: cfg, tasks, seeds, task_overrides)."""
+    """One process's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then its
+    held-out checks), an encoder's evaluation suite (``kind="suite"``: cfg, tasks, seeds,
+    task_overrides), or a function called with the config (``kind="call"``: target, kwargs)."""
 
     name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
     kind: str
@@ -77,10 +79,18 @@ class Work:
     log: Path
 
 
-def pretraining_work(run_dir: Path, cfg: DictConfig, choices: dict, logs: Path) -> Work:
-    spec = {"run_dir": str(run_dir), "choices": dict(choices)}
+def pretraining_work(run_dir: Path, cfg: DictConfig, choices: dict, logs: Path, intrinsic: bool = True) -> Work:
+    """Pretrain ``run_dir``, then compute its held-out checks in the same process, on its device
+    (``studies.intrinsic``: what it learned, and with ``intrinsic`` the NSP/SOP cross-check), where the
+    study reads them back instead of computing every run's one after another."""
+    spec = {"run_dir": str(run_dir), "choices": dict(choices), "intrinsic": bool(intrinsic)}
     name = f"pretraining {cfg.objective.name} seed {cfg.seed}"
     return Work(name, "pretrain", cfg, spec, logs / f"pretrain-{run_dir.name}.log")
+
+
+def call_work(name: str, target: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Work:
+    """Call ``target`` (``package.module:function``) with ``cfg`` and ``kwargs`` in a process of its own."""
+    return Work(name, "call", cfg, {"target": target, "kwargs": dict(kwargs)}, log_path)
 
 
 def suite_work(label: str, cfg: DictConfig, tasks: list[str], seeds: list[int], overrides: dict, logs: Path) -> Work:
@@ -88,9 +98,12 @@ def suite_work(label: str, cfg: DictConfig, tasks: list[str], seeds: list[int], 
     return Work(f"evaluating {label}", "suite", cfg, spec, logs / f"evaluate-{label}.log")
 
 
-def run_parallel(work: list[Work], jobs: int, resume_hint: str) -> None:
+def run_parallel(
+    work: list[Work], jobs: int, resume_hint: str, tick: Callable[[list[str]], None] | None = None
+) -> None:
     """Do every piece of ``work``, ``jobs`` processes at a time, each with ``cores() // jobs``
-    threads (at least one)."""
+    threads (at least one). ``tick``: called about twice a second with the names of the work in
+    progress (a coordinator's hook: ``pretrainlab.slot.calibrate``)."""
     threads = max(1, cores() // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     queue = list(work)
@@ -127,6 +140,8 @@ def run_parallel(work: list[Work], jobs: int, resume_hint: str) -> None:
                         log.error("%s failed (exit status %d): see %s", item.name, proc.returncode, item.log)
                 if failed and not running:
                     break
+                if tick is not None:
+                    tick([item.name for item in running.values()])
         except BaseException:  # the study's SIGTERM (SystemExit) or Ctrl-C: every process saves and stops
             for proc in running:
                 proc.send_signal(signal.SIGTERM)
@@ -148,10 +163,19 @@ def _main(spec_path: str) -> None:
     from pretrainlab.pretraining import run as pretraining
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    spec = OmegaConf.load(spec_path)
+    spec = cast(DictConfig, OmegaConf.load(spec_path))
     cfg = cast(DictConfig, OmegaConf.load(spec.cfg))
     if spec.kind == "pretrain":
         pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
+        from pretrainlab.studies.intrinsic import held_out, intrinsic_row
+
+        (intrinsic_row if spec.get("intrinsic", True) else held_out)(Path(spec.run_dir))
+        logging.getLogger("pretrainlab").info("held-out checks -> %s", Path(spec.run_dir) / "intrinsic.json")
+    elif spec.kind == "call":
+        import importlib
+
+        module, function = str(spec.target).split(":")
+        getattr(importlib.import_module(module), function)(cfg, **plain(spec.kwargs))
     else:
         from pretrainlab.studies.suite import run_suite
 
