@@ -396,7 +396,7 @@ def test_a_packed_corpus_refuses_another_tokenizer_and_a_damaged_pack(tmp_path):
     _, pack, spec = _packed(tmp_path)
     other = PretrainData(PackedCorpus(path=str(pack)), TokenizerSpec(vocab_size=600), tmp_path / "c1")
     with pytest.raises(CorpusError, match="tokenizer.vocab_size=500.*asks for 600"):
-        other.tokenizer
+        _ = other.tokenizer
     with pytest.raises(CorpusError, match="holds tokens, not text"):
         other.corpus.documents(tmp_path)
     tokens = pack / "tokens.npy"
