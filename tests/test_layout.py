@@ -18,6 +18,7 @@ FLOORS = [
     {"export", "glue", "evaluation", "finetuning", "pretraining"},
     {"compare"},
     {"studies"},
+    {"slot"},
 ]
 
 

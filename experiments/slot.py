@@ -1,0 +1,89 @@
+"""The whole study in one GPU slot, started on a machine that may lack the project's dependencies:
+
+    python experiments/slot.py run --inputs .slot/inputs.tar.xz --wheels .slot/wheels --seed 0 --out <dir>
+
+It installs what is missing from the wheels folder (offline: ``pip install --no-index``), then runs
+``python -m pretrainlab.slot`` with the same arguments (any of its commands: pack, wheels, run,
+merge). Only the standard library is used before the installation. docs/slot.md says what to carry.
+"""
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.time()
+ROOT = Path(__file__).resolve().parents[1]
+
+# module -> distribution: what a slot imports, beyond the standard library
+NEEDED = {
+    "torch": "torch",
+    "lightning": "lightning",
+    "numpy": "numpy",
+    "pyarrow": "pyarrow",
+    "tokenizers": "tokenizers",
+    "safetensors": "safetensors",
+    "filelock": "filelock",
+    "yaml": "PyYAML",
+    "tqdm": "tqdm",
+    "scipy": "scipy",
+    "matplotlib": "matplotlib",
+    "omegaconf": "omegaconf",
+    "antlr4": "antlr4-python3-runtime",
+    "hydra": "hydra-core",
+}
+
+
+def _wheels(argv: list[str]) -> Path:
+    if "--wheels" in argv and argv.index("--wheels") + 1 < len(argv):
+        return Path(argv[argv.index("--wheels") + 1])
+    return ROOT / ".slot" / "wheels"
+
+
+def install_missing(argv: list[str]) -> dict:
+    """Install the distributions of ``NEEDED`` whose modules this Python cannot import, from the wheels
+    folder, without the network; returns what was installed and how long it took."""
+    missing = [dist for module, dist in NEEDED.items() if importlib.util.find_spec(module) is None]
+    if not missing:
+        return {"packages": [], "seconds": 0.0}
+    wheels = _wheels(argv)
+    if not wheels.is_dir():
+        sys.exit(
+            f"slot: this Python lacks {', '.join(missing)} and there is no wheels folder at {wheels}. Make one on a "
+            f"machine with the package index (python -m pretrainlab.slot wheels --out {wheels}), carry it here, "
+            f"and name it with --wheels."
+        )
+    t = time.time()
+    print(f"slot: installing {', '.join(missing)} from {wheels}", flush=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), *missing]
+    )
+    if done.returncode != 0:
+        sys.exit(
+            f"slot: installing {', '.join(missing)} from {wheels} failed (above). Add the missing wheels with "
+            f"python -m pretrainlab.slot wheels --out {wheels} --also <requirement> on a machine with the package index."
+        )
+    importlib.invalidate_caches()
+    return {"packages": missing, "seconds": round(time.time() - t, 1)}
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    installed = install_missing(argv) if argv[:1] == ["run"] else {"packages": [], "seconds": 0.0}
+    env = dict(
+        os.environ,
+        PRETRAINLAB_SLOT_STARTED=repr(STARTED),
+        PRETRAINLAB_SLOT_INSTALLED=json.dumps(installed),
+        PRETRAINLAB_SLOT_COMMAND=shlex.join(["python", sys.argv[0], *argv]),
+    )
+    if importlib.util.find_spec("pretrainlab") is None:  # a copy of the project, not installed: run it from src/
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    os.execve(sys.executable, [sys.executable, "-m", "pretrainlab.slot", *argv], env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""``python -m pretrainlab.slot pack | wheels | run | merge``: see ``pretrainlab.slot`` and docs/slot.md.
+On a machine that lacks the project's dependencies, start ``run`` through ``experiments/slot.py``,
+which installs them from the wheels that travelled with it first."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("pretrainlab")
+
+# what an offline GPU node with torch, lightning, transformers, tokenizers, numpy, pandas, pyarrow and
+# scipy lacks of what a slot imports (hydra's antlr4 runtime is published as a source distribution only)
+NODE_LACKS = ("hydra-core", "omegaconf", "antlr4-python3-runtime")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pretrainlab.slot", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pack = sub.add_parser("pack", help="pack what the slot's study reads into one .tar.xz")
+    pack.add_argument(
+        "--data", type=Path, help="a folder with corpus/gutenberg, glue, blimp and conll2003 (../shared/data)"
+    )
+    pack.add_argument(
+        "--corpus", type=Path, help="the pretraining corpus (.txt files; default <data>/corpus/gutenberg)"
+    )
+    pack.add_argument("--glue-dir", type=Path, help="GLUE in download_glue_data.py's layout (default <data>/glue)")
+    pack.add_argument("--blimp-dir", type=Path, help="BLiMP's <paradigm>.jsonl files (default <data>/blimp)")
+    pack.add_argument("--conll-dir", type=Path, help="CoNLL-2003's train and dev files (default <data>/conll2003)")
+    pack.add_argument("--out", type=Path, required=True, help="the archive to write (.tar.xz; never replaced)")
+    pack.add_argument("--max-mib", type=float, default=32.0, help="refuse an archive larger than this (MiB)")
+    pack.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. evals=[glue]")
+
+    wheels = sub.add_parser("wheels", help="download the wheels an offline GPU node lacks (needs the package index)")
+    wheels.add_argument("--out", type=Path, required=True, help="the folder to put them in")
+    wheels.add_argument("--also", nargs="*", default=[], help="more requirements, e.g. matplotlib==3.11.2")
+
+    run = sub.add_parser("run", help="run one slot: calibrate, plan, pretrain, evaluate, report, archive")
+    run.add_argument("--inputs", type=Path, required=True, help="the archive `pack` wrote")
+    run.add_argument("--out", type=Path, required=True, help="where the results archive goes")
+    run.add_argument("--seed", type=int, required=True, help="the pretraining seed of this slot")
+    run.add_argument("--work", type=Path, help="the slot's working directory (default runs/slots/s<seed>)")
+    run.add_argument("--minutes", type=float, help="the whole command's time (default slot.minutes: 9)")
+    budget = run.add_mutually_exclusive_group()
+    budget.add_argument("--budget-flops", type=float, help="pretrain every objective to this; no calibration")
+    budget.add_argument("--plan-from", type=Path, help="the budget of an earlier slot's results archive")
+    run.add_argument("--wheels", type=Path, help="(experiments/slot.py) where missing packages were installed from")
+    run.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. model_size=tiny")
+
+    merge = sub.add_parser("merge", help="merge several slots' results archives into one report")
+    merge.add_argument("archives", nargs="+", type=Path)
+    merge.add_argument("--out", type=Path, required=True, help="a new study directory for the merged report")
+    return p
+
+
+def download_wheels(out: Path, also: list[str]) -> list[Path]:
+    """The wheels of ``NODE_LACKS`` at the versions installed here (and ``also``) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in NODE_LACKS]
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(out), *pins], check=True)
+    if also:
+        subprocess.run([*pip, "download", "-q", "--no-deps", "-d", str(out), *also], check=True)
+    found = sorted(out.glob("*.whl"))
+    log.info("wheels -> %s: %s", out, ", ".join(f.name for f in found))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    args = _parser().parse_args(argv)
+    import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+
+    if args.command == "pack":
+        from pretrainlab.slot.inputs import pack
+        from pretrainlab.slot.run import compose_study
+
+        data = args.data
+        corpus = args.corpus or (data / "corpus" / "gutenberg" if data else None)
+        if corpus is None:
+            raise SystemExit("pack: give --data (a folder in ../shared/data's layout) or --corpus and the others.")
+        cfg = compose_study(Path("inputs"), 0, Path("runs/slots"), args.overrides)
+        pack(
+            cfg,
+            args.out,
+            corpus,
+            args.glue_dir or (data / "glue" if data else None),
+            args.blimp_dir or (data / "blimp" if data else None),
+            args.conll_dir or (data / "conll2003" if data else None),
+            args.max_mib,
+        )
+    elif args.command == "wheels":
+        download_wheels(args.out, args.also)
+    elif args.command == "run":
+        from pretrainlab.slot.run import SlotArgs, run_slot
+
+        started = float(os.environ.get("PRETRAINLAB_SLOT_STARTED") or time.time())
+        installed = json.loads(os.environ.get("PRETRAINLAB_SLOT_INSTALLED") or "{}")
+        run_slot(
+            SlotArgs(
+                inputs=args.inputs,
+                out=args.out,
+                seed=args.seed,
+                work=args.work,
+                minutes=args.minutes,
+                budget_flops=args.budget_flops,
+                plan_from=args.plan_from,
+                overrides=list(args.overrides),
+                started_at=started,
+                installed=installed,
+            )
+        )
+    elif args.command == "merge":
+        from pretrainlab.slot.archive import merge
+
+        merge(args.archives, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""What a slot's study reads, in one compressed file that travels with the project to the machine it
+runs on (``python -m pretrainlab.slot pack``):
+
+    inputs/inputs.json          what is in it: every file's sha256, the settings it was packed for,
+                                where each part came from, when, by which code
+    inputs/corpus/              the pretraining corpus, tokenized (``data.packed``): the slot's
+                                machine needs neither the text nor the time to tokenize it
+    inputs/glue/<Task>/         the GLUE tasks of the study, their files as released (train and dev)
+    inputs/blimp/*.jsonl        BLiMP's paradigms, as released
+    inputs/conll2003/           CoNLL-2003's train and dev files, as released
+
+Evaluation files are copied byte for byte, so their digests, which every result records, are those
+of the files they came from. The archive is checked against a size limit when it is written, and
+every file against its digest when it is unpacked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pretrainlab import atomic
+from pretrainlab.data.hashing import file_digest
+
+log = logging.getLogger("pretrainlab")
+
+MANIFEST = "inputs.json"
+FORMAT = 1
+
+
+class InputsError(ValueError):
+    """Inputs that cannot be packed, or an archive that is not a slot's inputs."""
+
+
+def _tokenizer_overrides(cfg: DictConfig) -> list[str]:
+    """The study's pretraining overrides of the tokenizer (resolved)."""
+    probe = cfg.copy()
+    probe.budget_flops = 1.0  # not known yet, and not the tokenizer's
+    return [str(o) for o in probe.pretrain if str(o).split("=", 1)[0].strip("+~").startswith("tokenizer")]
+
+
+def _glue_tasks(cfg: DictConfig) -> list[str]:
+    from pretrainlab.studies.ablation import study_tasks
+
+    tasks = study_tasks(cfg)
+    glue = [t for t in tasks if t in _glue_names()]
+    if "probe_sst2" in tasks and "sst2" not in glue:
+        glue.append("sst2")  # the SST-2 probe reads GLUE's SST-2
+    return glue
+
+
+def _glue_names() -> set[str]:
+    from pretrainlab.glue.tasks import TASKS
+
+    return set(TASKS)
+
+
+def pack(
+    cfg: DictConfig,
+    out: str | Path,
+    corpus: str | Path,
+    glue_dir: str | Path | None,
+    blimp_dir: str | Path | None,
+    conll_dir: str | Path | None,
+    max_mib: float = 32.0,
+) -> dict:
+    """Pack what the slot study ``cfg`` reads into the archive ``out`` (``.tar.xz``, at most ``max_mib``
+    MiB; a file already there is refused, not replaced); returns its manifest."""
+    from pretrainlab.data.packed import pack_corpus
+    from pretrainlab.data.pipeline import PretrainData
+    from pretrainlab.evaluation.ner import split_files
+    from pretrainlab.glue.tasks import get_task
+    from pretrainlab.runtime.hydra import compose
+    from pretrainlab.slot.code import code_version
+    from pretrainlab.studies.ablation import study_tasks
+
+    out = Path(out)
+    if out.exists():
+        raise InputsError(f"{out} exists: pack into a new file (nothing is replaced).")
+    if not str(out).endswith(".tar.xz"):
+        raise InputsError(f"{out}: name the archive <name>.tar.xz.")
+    tasks = study_tasks(cfg)
+    glue_tasks = _glue_tasks(cfg)
+    blimp = "blimp" in tasks
+    conll = any(t in tasks for t in ("ner", "probe_ner"))
+    for what, path, needed in (
+        ("glue_dir", glue_dir, bool(glue_tasks)),
+        ("blimp_dir", blimp_dir, blimp),
+        ("conll_dir", conll_dir, conll),
+    ):
+        if needed and not path:
+            raise InputsError(f"the study evaluates on what {what} holds: give --{what.replace('_', '-')}.")
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="pretrainlab-pack-") as tmp:
+        root = Path(tmp) / "inputs"
+        root.mkdir()
+        files: dict[str, str] = {}
+
+        def copy(src: Path, rel: str) -> None:
+            if not src.is_file():
+                raise InputsError(f"{src} does not exist: it is one of the files the study reads.")
+            dst = root / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            files[rel] = file_digest(dst)
+
+        # the corpus, tokenized as the study's runs tokenize it
+        train_cfg, _ = compose(
+            "train", ["data=text", f"data.files=[{Path(corpus).resolve()}]", *_tokenizer_overrides(cfg)]
+        )
+        from hydra.utils import instantiate
+
+        spec = instantiate(train_cfg.tokenizer)
+        data = PretrainData(
+            instantiate(train_cfg.data), spec, train_cfg.cache_dir, train_cfg.val_fraction, train_cfg.split_seed
+        )
+        pack_corpus(root / "corpus", data.tokenized, data.tokenizer, spec, data.corpus.key(), data.corpus.describe())
+        for f in sorted((root / "corpus").iterdir()):
+            files[f"corpus/{f.name}"] = file_digest(f)
+        for name in glue_tasks:
+            spec_ = get_task(name)
+            for filename in ["train.tsv", *(f for f, _ in spec_.eval_splits.values())]:
+                copy(
+                    Path(str(glue_dir)).expanduser() / spec_.directory / filename, f"glue/{spec_.directory}/{filename}"
+                )
+        if blimp:
+            paradigms = sorted(Path(str(blimp_dir)).expanduser().glob("*.jsonl"))
+            if not paradigms:
+                raise InputsError(f"--blimp-dir {blimp_dir}: no <paradigm>.jsonl files there.")
+            for f in paradigms:
+                copy(f, f"blimp/{f.name}")
+        if conll:
+            for f in split_files(Path(str(conll_dir)).expanduser()).values():
+                copy(f, f"conll2003/{f.name}")
+        corpus_manifest = json.loads((root / "corpus" / "corpus.json").read_text())
+        manifest: dict = {
+            "format": FORMAT,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "code": code_version(),
+            "corpus": {k: corpus_manifest[k] for k in ("source_description", "tokenizer", "documents", "tokens")},
+            "glue_tasks": glue_tasks,
+            "sources": {
+                "corpus": str(corpus),
+                "glue": str(glue_dir) if glue_tasks else None,
+                "blimp": str(blimp_dir) if blimp else None,
+                "conll2003": str(conll_dir) if conll else None,
+            },
+            "files": dict(sorted(files.items())),
+        }
+        (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        log.info("packing %d files (%.1f MiB) into %s", len(files) + 1, _size(root) / 2**20, out)
+
+        def write(tmp_out: Path) -> None:
+            with tarfile.open(tmp_out, "w:xz", preset=9) as tar:
+                tar.add(root, arcname="inputs")
+
+        atomic.write_named(out, write)
+    size = out.stat().st_size
+    if size > max_mib * 2**20:
+        out.unlink()
+        raise InputsError(
+            f"the inputs take {size / 2**20:.1f} MiB compressed, more than the {max_mib:g} MiB allowed: a smaller "
+            f"corpus (fewer files in --corpus), or fewer evaluations (evals=...), or --max-mib."
+        )
+    log.info(
+        "inputs -> %s: %.1f MiB (%d files; corpus %d documents, %.1fM tokens) in %.0f s",
+        out,
+        size / 2**20,
+        len(files) + 1,
+        corpus_manifest["documents"],
+        corpus_manifest["tokens"] / 1e6,
+        time.time() - t0,
+    )
+    return manifest
+
+
+def _size(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def safe_extract(tar: tarfile.TarFile, into: Path, members: list[tarfile.TarInfo]) -> None:
+    """Extract ``members`` (already checked to be plain files and folders inside the archive) into
+    ``into``, with tarfile's ``data`` filter where this Python has it."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, members=members, filter="data")
+    else:  # pragma: no cover - Python before 3.12 without the backported filters
+        tar.extractall(into, members=members)
+
+
+def digest(manifest: dict) -> str:
+    """The identity of a slot's inputs: the digest of every file in them."""
+    from pretrainlab.data.hashing import fingerprint
+
+    return fingerprint({"format": manifest.get("format"), "files": manifest.get("files")})
+
+
+def unpack(archive: str | Path, into: str | Path) -> tuple[Path, dict]:
+    """Unpack the inputs ``archive`` into ``into`` (its ``inputs/``), each file checked against the
+    manifest; an ``inputs/`` already there of the same manifest is checked and kept. Returns the
+    inputs directory and the manifest."""
+    archive, into = Path(archive), Path(into)
+    if not archive.is_file():
+        raise InputsError(f"--inputs {archive}: no such file. Make it with `python -m pretrainlab.slot pack`.")
+    root = into / "inputs"
+    if (root / MANIFEST).is_file():
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                member = tar.extractfile(f"inputs/{MANIFEST}")
+                packed = json.loads(member.read()) if member is not None else None
+        except (tarfile.TarError, KeyError, EOFError, OSError, ValueError) as e:
+            raise InputsError(f"{archive} cannot be read as a slot's inputs archive ({e}).") from None
+        if packed is None or digest(packed) != digest(json.loads((root / MANIFEST).read_text())):
+            raise InputsError(
+                f"{root} holds other inputs than {archive}: a slot's work directory is for one set of inputs. "
+                f"Give another --work, or move {into} away."
+            )
+    else:
+        if root.exists():
+            raise InputsError(f"{root} exists but holds no {MANIFEST}: move it away, or unpack into another --work.")
+        into.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".inputs-", dir=into) as tmp:
+            try:
+                with tarfile.open(archive, "r:*") as tar:
+                    members = tar.getmembers()
+                    bad = [m.name for m in members if not m.name.startswith("inputs") or ".." in Path(m.name).parts]
+                    if bad or any(not (m.isfile() or m.isdir()) for m in members):
+                        raise InputsError(f"{archive} is not a slot's inputs archive (it holds {bad[:3] or 'links'}).")
+                    safe_extract(tar, Path(tmp), members)
+            except (tarfile.TarError, EOFError, OSError) as e:
+                raise InputsError(f"{archive} cannot be read as a .tar.xz ({e}); copy or pack it again.") from None
+            os.replace(Path(tmp) / "inputs", root)
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise InputsError(f"{root / MANIFEST} cannot be read ({e}); pack the inputs again.") from None
+    if manifest.get("format") != FORMAT:
+        raise InputsError(f"{archive}: inputs format {manifest.get('format')}, this pretrainlab reads {FORMAT}.")
+    for rel, expected in manifest["files"].items():
+        f = root / rel
+        if not f.is_file() or file_digest(f) != expected:
+            raise InputsError(
+                f"{f} is missing or differs from the file packed (sha256): the inputs are damaged. Copy the archive "
+                f"again (and remove {root})."
+            )
+    return root, manifest
+
+
+__all__ = ["InputsError", "digest", "pack", "safe_extract", "unpack"]

@@ -1,0 +1,104 @@
+"""``report/slot.md``: what a slot did, from its ``slot.json`` (``run.account``): the machine and the
+code, the phases with the device's utilisation, the plan against what happened run by run, and the
+jobs' aggregate throughput at once against one after another."""
+
+from __future__ import annotations
+
+
+def _tera(x: float | None) -> str:
+    return "–" if not x else f"{x / 1e12:.2f}"
+
+
+def _mega(x: float | None) -> str:
+    return "–" if not x else f"{x / 1e6:.2f}M"
+
+
+def _seconds(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0f} s"
+
+
+def _util(u: dict | None) -> str:
+    return "–" if not u else f"{u['gpu_util_pct']:.0f}% ({u['memory_mib'] / 1024:.1f} GiB)"
+
+
+def slot_markdown(record: dict) -> str:
+    device = record.get("device") or {}
+    code = record.get("code") or {}
+    plan = record.get("plan") or {}
+    lines = [
+        f"# Slot: study {record.get('study', '?')}, pretraining seed {', '.join(map(str, record.get('seeds', [])))}",
+        "",
+        f"- **Command**: `{record.get('command', '?')}`, started {record.get('started', '?')}",
+        f"- **Machine**: {device.get('device', '?')}, driver {device.get('driver') or '–'}, {device.get('cpu_cores')} CPU "
+        f"cores; torch {device.get('torch')} (CUDA {device.get('cuda') or '–'})",
+        f"- **Code**: {code.get('digest')} (commit {str(code.get('commit'))[:10]}{', uncommitted changes' if code.get('dirty') else ''})",
+        f"- **Inputs**: {(record.get('inputs') or {}).get('digest', '–')}",
+        f"- **Installed at the start**: {', '.join((record.get('installed') or {}).get('packages') or []) or 'nothing'}",
+        f"- **Wall-clock**: {record.get('wall_s', 0):.0f} s of the {60 * float(record.get('minutes') or 0):.0f} s allowed",
+    ]
+    if record.get("error"):
+        lines += ["", f"**The slot failed**: {record['error']}"]
+    phases = record.get("phases") or {}
+    if phases:
+        lines += ["", "## Phases", "", "| phase | from | length | GPU utilisation (peak memory) |", "|---|---|---|---|"]
+        for name, p in phases.items():
+            lines.append(f"| {name} | {p['from_s']:.0f} s | {p['seconds']:.0f} s | {_util(p.get('utilisation'))} |")
+    if plan:
+        lines += ["", "## Budget", "", f"**{plan['budget_flops']:.3g} FLOPs per objective**, {plan.get('source')}."]
+        if plan.get("window_s") is not None:
+            lines.append(
+                f"Planned from the throughput measured at the start: a pretraining window of {plan['window_s']:.0f} s, "
+                f"each run starting {plan['startup_s']:.0f} s into it and ending {plan['finish_s']:.0f} s after its last "
+                f"step, the last one planned to end by {plan.get('safety', 1):.0%} of the window."
+            )
+    runs = record.get("runs") or {}
+    rates = plan.get("rates") or {}
+    if runs or rates:
+        lines += [
+            "",
+            "| run | TFLOP/s with all at once | TFLOP/s alone | planned end | exported at | steps | tokens | FLOPs |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        names = sorted(set(runs) | {f"{k}-s{s}" for k in rates for s in record.get("seeds", [])})
+        for name in names:
+            objective = name.rsplit("-s", 1)[0]
+            r, rate = runs.get(name, {}), rates.get(objective, {})
+            planned = (plan.get("planned_end_s") or {}).get(objective)
+            exported = r.get("exported_s")
+            lines.append(
+                f"| {name} | {_tera(rate.get('together'))} | {_tera(rate.get('alone'))} | {_seconds(planned)} | "
+                f"{_seconds(exported)} | {r.get('steps', '–')} | {_mega(r.get('tokens'))} | {r.get('flops') or 0:.3g} |"
+            )
+    speed = plan.get("throughput")
+    if speed:
+        util = plan.get("utilisation") or {}
+        lines += [
+            "",
+            "## The jobs at once against one after another",
+            "",
+            f"Measured in this slot's calibration: {speed['jobs']} pretraining jobs on the device at once, then each "
+            f"alone; one after another is each job alone for its share of the budget, summed.",
+            "",
+            "| | tokens/s | TFLOP/s | GPU utilisation |",
+            "|---|---|---|---|",
+            f"| all at once | {_mega(speed['together']['tokens_per_s'])} | {_tera(speed['together']['flops_per_s'])} | "
+            f"{_util(util.get('together'))} |",
+        ]
+        seq = speed.get("one_after_another")
+        if seq:
+            lines.append(
+                f"| one after another | {_mega(seq['tokens_per_s'])} | {_tera(seq['flops_per_s'])} | {_util(util.get('alone'))} |"
+            )
+            lines += ["", f"At once: **{speed['speedup']:.2f}x** the aggregate throughput of one after another."]
+    done = record.get("pretraining_throughput")
+    if done:
+        lines += [
+            "",
+            f"The pretraining phase as it ran: {_mega(done['tokens_per_s'])} tokens/s and {_tera(done['flops_per_s'])} "
+            f"TFLOP/s in aggregate over its wall-clock, GPU utilisation "
+            f"{_util((phases.get('pretraining') or {}).get('utilisation'))}.",
+        ]
+    return "\n".join(lines)
+
+
+__all__ = ["slot_markdown"]

@@ -1,0 +1,332 @@
+"""One slot, start to end (``python experiments/slot.py run``, docs/slot.md):
+
+    unpack      the inputs archive, every file checked against its digest
+    calibrate   every objective's pretraining started at once, timed together and alone (``calibrate``)
+    plan        the time left, less what evaluation and the report keep, turned into one FLOP budget
+                for every objective (``plan``); or the budget given (``--budget-flops``, ``--plan-from``)
+    study       ``studies.ablation.run_study`` at that budget: every pretraining run at once, every
+                encoder's evaluation suite at once, the report
+    account     ``report/slot.json`` and ``slot.md``: the plan against what happened, phase by phase,
+                the device's utilisation, the jobs' aggregate throughput at once against one after another
+    archive     ``<out>/<study>-s<seed>.tar.gz``: the results without weights (``archive``)
+
+The archive is written whatever happens, a failure included (its ``slot.json`` then says what
+failed), so that a slot always brings back what it learned. Re-running the same command with the
+same ``--work`` continues a slot that was stopped: the budget it planned is kept, finished runs and
+results are skipped (the study's own resumption).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab import atomic
+from pretrainlab.config import ConfigError
+
+log = logging.getLogger("pretrainlab")
+
+# study settings that say where things are or how fast they go, not what the experiment is
+HOW = ("seeds", "output_root", "corpus", "glue_dir", "blimp_dir", "conll_dir", "budget_flops", "jobs", "slot")
+
+
+@dataclass
+class SlotArgs:
+    inputs: Path
+    out: Path
+    seed: int
+    work: Path | None = None
+    minutes: float | None = None
+    budget_flops: float | None = None
+    plan_from: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    installed: dict = field(default_factory=dict)
+
+
+class Timeline:
+    """When each phase of the slot started (``time.time()``), in order."""
+
+    def __init__(self, start: float):
+        self.start = start
+        self.marks: list[tuple[str, float]] = [("setup", start)]  # the command's start: installing, imports
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.time()))
+        log.info("slot: %s (%.0f s in)", phase, self.marks[-1][1] - self.start)
+
+    def phases(self) -> dict[str, dict[str, float]]:
+        """Each phase's start (seconds into the slot), length and end time."""
+        out = {}
+        for (name, t), (_, nxt) in zip(self.marks, self.marks[1:]):
+            if name == "end":
+                continue
+            out[name] = {"from_s": round(t - self.start, 1), "seconds": round(nxt - t, 1), "at": t, "until": nxt}
+        return out
+
+
+def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> DictConfig:
+    """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, one pretraining seed,
+    its directories under ``work``, its data from the unpacked ``inputs``."""
+    from pretrainlab.runtime.hydra import compose
+
+    located = [
+        f"seeds=[{seed}]",
+        f"output_root={work}",
+        f"corpus={inputs / 'corpus'}",
+        f"glue_dir={inputs / 'glue'}",
+    ]
+    if (inputs / "blimp").is_dir():
+        located.append(f"blimp_dir={inputs / 'blimp'}")
+    if (inputs / "conll2003").is_dir():
+        located.append(f"conll_dir={inputs / 'conll2003'}")
+    cfg, _ = compose("ablate_slot", [*overrides, *located])
+    return cfg
+
+
+def settings(cfg: DictConfig) -> dict:
+    """What the experiment is: the study's config as written (interpolations unresolved), without
+    where its files are or how fast it runs (``HOW``)."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    return {k: v for k, v in container.items() if k not in HOW}
+
+
+def _budget_of(archive: Path) -> float:
+    import tarfile
+
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("/report/slot.json")), None)
+            f = tar.extractfile(member) if member is not None else None
+            record = json.loads(f.read()) if f is not None else None
+    except (tarfile.TarError, OSError, ValueError) as e:
+        raise ConfigError(f"--plan-from {archive}: cannot be read as a slot's results archive ({e}).") from None
+    budget = ((record or {}).get("plan") or {}).get("budget_flops")
+    if not budget:
+        raise ConfigError(f"--plan-from {archive}: it records no FLOP budget (did that slot fail before planning?).")
+    return float(budget)
+
+
+def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline) -> dict:
+    """Time every pretraining job of the study (``calibrate``) and plan the budget (``plan``)."""
+    from pretrainlab.runtime.hydra import options
+    from pretrainlab.slot.calibrate import Windows, plan_rates, read_rates, throughput
+    from pretrainlab.slot.plan import largest_budget
+    from pretrainlab.studies.ablation import pretraining_config
+    from pretrainlab.studies.parallel import call_work, run_parallel
+
+    timeline.mark("calibration")
+    c = cfg.slot.calibration
+    exchange = study / "calibration" / time.strftime("%Y%m%d-%H%M%S")
+    exchange.mkdir(parents=True)
+    probe = cfg.copy()
+    probe.budget_flops = 1.0  # replaced by a step count in each job: the budget is what calibration is for
+    objectives = list(dict.fromkeys(options("objective") if cfg.objectives == "all" else cfg.objectives))
+    seed = int(cfg.seeds[0])
+    work, names = [], {}
+    for objective in objectives:
+        train_cfg, _ = pretraining_config(probe, objective, seed)
+        name = f"calibrating {objective}"
+        names[name] = objective
+        kwargs = {
+            "job": objective,
+            "exchange": str(exchange),
+            "warmup_steps": int(c.warmup_steps),
+            "timeout_s": float(c.timeout_s),
+            "spawned_at": time.time(),
+            "run_dir": str(exchange / objective),
+        }
+        work.append(
+            call_work(name, "pretrainlab.slot.calibrate:measure", train_cfg, kwargs, exchange / f"{objective}.log")
+        )
+    windows = Windows(exchange, names, float(c.together_s), float(c.alone_s))
+    run_parallel(work, len(work), " ".join(sys.argv), tick=windows)
+    measured = read_rates(exchange, objectives)
+    rates = plan_rates(measured)
+    timeline.mark("plan")
+    reserve = cfg.slot.reserve_s
+    window = deadline - time.time() - float(reserve.evaluation) - float(reserve.report)
+    startup = max(m["setup_s"] for m in measured.values()) + float(cfg.slot.startup_s)
+    try:
+        plan = largest_budget(rates, window, startup, float(cfg.slot.finish_s), float(cfg.slot.safety))
+    except ValueError as e:
+        raise ConfigError(
+            f"the slot cannot pretrain in the time it has: {e}. Give it more (--minutes), keep less for evaluation "
+            f"(slot.reserve_s.*), or fewer objectives."
+        ) from None
+    speed = throughput(measured, plan.budget_flops)
+    log.info(
+        "plan: %.2g FLOPs per objective in a window of %.0f s (the last run expected to end %.0f s in); at once, "
+        "%.2f TFLOP/s against %s one after another",
+        plan.budget_flops,
+        window,
+        plan.makespan_s,
+        speed["together"]["flops_per_s"] / 1e12,
+        f"{speed['one_after_another']['flops_per_s'] / 1e12:.2f} TFLOP/s" if "one_after_another" in speed else "?",
+    )
+    return {
+        "budget_flops": plan.budget_flops,
+        "source": "calibrated",
+        "window_s": round(window, 1),
+        "startup_s": round(startup, 1),
+        "finish_s": float(cfg.slot.finish_s),
+        "safety": float(cfg.slot.safety),
+        "planned_end_s": {k: round(v, 1) for k, v in plan.finish_s.items()},
+        "rates": {k: {"together": r.together, "alone": r.alone} for k, r in rates.items()},
+        "measured": measured,
+        "throughput": speed,
+        "windows": windows.written,
+    }
+
+
+def _runs_as_run(study: Path, phases: dict) -> dict:
+    """Each pretraining run as it ran: steps, tokens, FLOPs, seconds of training steps, and when its
+    export was written (seconds after the pretraining phase started)."""
+    start = (phases.get("pretraining") or {}).get("at")
+    out = {}
+    for run in sorted((study / "pretrain").glob("*")):
+        config = run / "encoder" / "config.json"
+        if not config.is_file():
+            continue
+        record = json.loads(config.read_text()).get("pretraining") or {}
+        out[run.name] = {
+            "objective": record.get("objective"),
+            "steps": record.get("global_step"),
+            "tokens": record.get("tokens_seen"),
+            "flops": record.get("flops"),
+            "train_s": record.get("seconds"),
+            "exported_s": round(config.stat().st_mtime - start, 1) if start else None,
+        }
+    return out
+
+
+def account(record: dict, timeline: Timeline, utilisation: Any, study: Path) -> dict:
+    """The slot's record completed with what happened: phases with the device's utilisation, each run
+    as it ran, the pretraining phase's aggregate throughput."""
+    if timeline.marks[-1][0] != "end":
+        timeline.mark("end")
+    phases = timeline.phases()
+    for p in phases.values():
+        p["utilisation"] = utilisation.over(p["at"], p["until"])
+    record["phases"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("at", "until")} for k, v in phases.items()}
+    record["wall_s"] = round(time.time() - timeline.start, 1)
+    runs = _runs_as_run(study, phases)
+    record["runs"] = runs
+    pretraining = phases.get("pretraining")
+    if pretraining and runs:
+        seconds = pretraining["seconds"]
+        record["pretraining_throughput"] = {
+            "tokens_per_s": sum(float(r["tokens"] or 0) for r in runs.values()) / seconds,
+            "flops_per_s": sum(float(r["flops"] or 0) for r in runs.values()) / seconds,
+        }
+    windows = (record.get("plan") or {}).get("windows")
+    if windows:
+        together = windows["together"]
+        alone = list(windows["alone"].values())
+        record.setdefault("plan", {})["utilisation"] = {
+            "together": utilisation.over(*together),
+            "alone": utilisation.over(alone[0][0], alone[-1][1]) if alone else None,
+        }
+    return record
+
+
+def run_slot(a: SlotArgs) -> Path:
+    """Run the slot ``a`` describes; returns its results archive (written also when the slot fails)."""
+    from pretrainlab.runtime.console import quiet_third_parties
+    from pretrainlab.slot.archive import write_archive
+    from pretrainlab.slot.code import code_version
+    from pretrainlab.slot.device import Utilisation, describe
+    from pretrainlab.slot.inputs import digest, unpack
+    from pretrainlab.slot.report import slot_markdown
+    from pretrainlab.studies.ablation import run_study
+
+    work = (a.work or Path("runs") / "slots" / f"s{a.seed}").expanduser().resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    quiet_third_parties()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "cache" / "inductor"))  # shared by every job
+    os.environ.setdefault("PRETRAINLAB_CACHE", str(work / "cache" / "pretrainlab"))
+    timeline = Timeline(a.started_at)
+    utilisation = Utilisation().start()
+    work.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(work / "slot.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    record: dict[str, Any] = {
+        "command": os.environ.get("PRETRAINLAB_SLOT_COMMAND")
+        or shlex.join(["python", "-m", "pretrainlab.slot", *sys.argv[1:]]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(a.started_at)),
+        "seeds": [a.seed],
+        "installed": a.installed,
+        "device": describe(),
+        "code": code_version(),
+    }
+    study_dir = work / "slot"  # until the study's config names it
+    archive = a.out / f"slot-s{a.seed}.tar.gz"
+    try:
+        timeline.mark("unpack")
+        inputs, manifest = unpack(a.inputs, work)
+        record["inputs"] = {"digest": digest(manifest), "archive": str(a.inputs), "corpus": manifest.get("corpus")}
+        cfg = compose_study(inputs, a.seed, work, a.overrides)
+        study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-s{a.seed}.tar.gz"
+        if archive.exists():
+            raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
+        minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
+        deadline = a.started_at + 60 * minutes
+        record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
+        plan_file = study_dir / "plan.json"
+        if plan_file.is_file():
+            plan = json.loads(plan_file.read_text())
+            plan["source"] = f"{plan.get('source')}, kept from the slot's first start"
+            log.info(
+                "plan: %.2g FLOPs per objective, kept from this slot's first start (%s)",
+                plan["budget_flops"],
+                plan_file,
+            )
+        elif a.budget_flops is not None:
+            plan = {"budget_flops": float(a.budget_flops), "source": "given (--budget-flops)"}
+        elif a.plan_from is not None:
+            plan = {"budget_flops": _budget_of(a.plan_from), "source": f"from {a.plan_from.name} (--plan-from)"}
+        else:
+            study_dir.mkdir(parents=True, exist_ok=True)
+            plan = calibrate(cfg, study_dir, deadline, timeline)
+        record["plan"] = plan
+        study_dir.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(plan_file, plan)
+        cfg.budget_flops = float(plan["budget_flops"])
+        run_study(cfg, timeline=timeline.mark)
+    except BaseException as e:
+        record["error"] = f"{type(e).__name__}: {e}"
+        log.error("slot failed: %s", record["error"])
+        raise
+    finally:
+        utilisation.stop()
+        account(record, timeline, utilisation, study_dir)
+        report = study_dir / "report"
+        atomic.write_json(report / "slot.json", record)
+        atomic.write_text(report / "slot.md", slot_markdown(record) + "\n")
+        if record.get("error"):  # what a failed slot brings back, under a name of its own
+            archive = archive.with_name(archive.name.replace(".tar.gz", f"-failed-{time.strftime('%H%M%S')}.tar.gz"))
+        if not archive.exists():
+            write_archive(study_dir, archive, {"slot.log": work / "slot.log"})
+            log.info(
+                "slot: results -> %s (%.1f MiB, %.0f s after the command started)",
+                archive,
+                archive.stat().st_size / 2**20,
+                time.time() - a.started_at,
+            )
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    return archive
+
+
+__all__ = ["SlotArgs", "Timeline", "compose_study", "run_slot", "settings"]

@@ -1,0 +1,236 @@
+"""The whole study in one GPU slot (``pretrainlab.slot``), scaled down to run here: the plan that turns
+a time budget into one FLOP budget, the inputs archive, and the command end to end on generated data
+in the layout of the real data (pack, run two slots, bring back, merge, report)."""
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from pretrainlab.slot.calibrate import throughput
+from pretrainlab.slot.plan import Rate, finish_times, largest_budget, round_down
+from tests.conftest import ROOT, run_command
+
+# the slot scaled down: two objectives of the tiny model, one GLUE task and seed, few pairs, short windows
+SMALL = [
+    "model_size=tiny",
+    "vocab_size=1000",
+    "batch_size=16",
+    "precision=32-true",
+    "compile=false",  # on a GPU too: a compile per process would take the scaled-down slot's whole window
+    "objectives=[roberta,bert]",
+    "jobs=2",
+    "glue.tasks=[sst2]",
+    "glue.seeds=[0]",
+    "slot.reserve_s.evaluation=5",
+    "slot.reserve_s.report=5",
+    "slot.startup_s=2",
+    "slot.finish_s=2",
+    "slot.calibration.warmup_steps=5",
+    "slot.calibration.together_s=3",
+    "slot.calibration.alone_s=1",
+]
+
+
+# --- the plan ---------------------------------------------------------------------------------------------
+def test_jobs_share_the_device_until_one_finishes_then_the_others_speed_up():
+    rates = {"fast": Rate(together=1.0, alone=2.0), "slow": Rate(together=0.5, alone=1.0)}
+    # both at once until "fast" has its 60 (60 s; "slow" has 30 of 60), then "slow" alone at 1.0 for 30 s
+    assert finish_times(60.0, rates) == pytest.approx({"fast": 60.0, "slow": 90.0})
+    assert finish_times(60.0, rates, startup_s=10, finish_s=5) == pytest.approx({"fast": 75.0, "slow": 105.0})
+    # a job measured only among the others keeps that rate throughout: a conservative plan
+    assert finish_times(60.0, {"fast": Rate(1.0), "slow": Rate(0.5)}) == pytest.approx({"fast": 60.0, "slow": 120.0})
+    three = Rate(together=1.0, alone=3.0)
+    assert three.at(3, 3) == pytest.approx(1.0) and three.at(1, 3) == pytest.approx(3.0)
+    assert three.at(2, 3) == pytest.approx(1 / (1 / 3 + 0.5 * (1 - 1 / 3)))  # time per FLOP halfway between
+
+
+def test_the_plan_is_the_largest_equal_budget_that_ends_in_its_window():
+    rates = {"fast": Rate(together=1.0, alone=2.0), "slow": Rate(together=0.5, alone=1.0)}
+    plan = largest_budget(rates, window_s=100.0, safety=1.0, digits=3)
+    assert plan.budget_flops == pytest.approx(66.6)  # the makespan is 1.5 x the budget: 66.67 rounded down
+    assert plan.makespan_s <= 100.0 < max(finish_times(plan.budget_flops * 1.02, rates).values())
+    assert largest_budget(rates, 100.0, safety=0.5, digits=3).budget_flops == pytest.approx(33.3)
+    assert round_down(1.2345e16) == 1.2e16 and round_down(9.99e15, 1) == 9e15
+    with pytest.raises(ValueError, match="leaves no time to train"):
+        largest_budget(rates, window_s=20.0, startup_s=15.0, finish_s=10.0)
+
+
+def test_throughput_at_once_is_compared_with_the_same_jobs_one_after_another():
+    window = {"seconds": 10.0}
+    measured = {
+        "a": {"flops_per_token": 2.0, "together": {**window, "tokens": 50.0, "flops": 100.0}, "alone": {"seconds": 1.0, "flops": 20.0, "tokens": 10.0}},
+        "b": {"flops_per_token": 4.0, "together": {**window, "tokens": 25.0, "flops": 100.0}, "alone": {"seconds": 1.0, "flops": 40.0, "tokens": 10.0}},
+    }
+    speed = throughput(measured, budget_flops=40.0)
+    assert speed["together"] == pytest.approx({"tokens_per_s": 7.5, "flops_per_s": 20.0})
+    # one after another: a alone 40/20 = 2 s, b alone 40/40 = 1 s; 80 FLOPs (20 + 10 tokens) in 3 s
+    assert speed["one_after_another"] == pytest.approx({"tokens_per_s": 10.0, "flops_per_s": 80.0 / 3})
+    assert speed["speedup"] == pytest.approx(20.0 / (80.0 / 3))
+
+
+# --- the inputs ---------------------------------------------------------------------------------------------
+def shared_layout(root: Path) -> Path:
+    """Generated data in the layout of ../shared/data: corpus/<name>/*.txt, glue/, blimp/, conll2003/."""
+    from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
+    from pretrainlab.evaluation.blimp import SyntheticPairs
+    from pretrainlab.evaluation.ner import SyntheticNer
+    from pretrainlab.glue.synthetic import SyntheticGlue
+
+    corpus = root / "corpus" / "synthetic"
+    corpus.mkdir(parents=True)
+    for i, text in enumerate(generate_documents(300, 8, 20, SyntheticLanguage(seed=0))):
+        (corpus / f"doc{i:04d}.txt").write_text(text + "\n")
+    generated = root / ".generated"
+    shutil.copytree(SyntheticGlue(scale=0.05).write(generated), root / "glue")
+    shutil.copytree(SyntheticPairs(pairs=30).write(generated), root / "blimp")
+    shutil.copytree(SyntheticNer(scale=0.1).write(generated), root / "conll2003")
+    shutil.rmtree(generated)
+    return root
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """The scaled-down study's inputs, packed once for the module's tests: (data root, archive)."""
+    from pretrainlab.slot.__main__ import main
+
+    root = shared_layout(tmp_path_factory.mktemp("data"))
+    archive = root.parent / "inputs.tar.xz"
+    argv = ["pack", "--data", str(root), "--corpus", str(root / "corpus" / "synthetic"), "--out", str(archive)]
+    assert main([*argv, *SMALL]) == 0
+    return root, archive
+
+
+def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_were(packed, tmp_path):
+    from pretrainlab.data.hashing import file_digest
+    from pretrainlab.slot.inputs import InputsError, pack, unpack
+    from pretrainlab.slot.run import compose_study
+
+    root, archive = packed
+    inputs, manifest = unpack(archive, tmp_path / "work")
+    assert (inputs / "corpus" / "tokens.npy").is_file() and manifest["corpus"]["documents"] == 300
+    assert manifest["corpus"]["tokenizer"]["vocab_size"] == 1000
+    for rel in ("glue/SST-2/train.tsv", "glue/SST-2/dev.tsv", "conll2003/train.txt", "blimp/verb_object_order.jsonl"):
+        assert file_digest(inputs / rel) == file_digest(root / rel) == manifest["files"][rel], rel
+    assert not (inputs / "glue" / "CoLA").exists()  # only what the study reads (SST-2 for GLUE and the probe)
+
+    # unpacked again into the same place: checked, and a damaged file is found
+    (inputs / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\n")
+    with pytest.raises(InputsError, match="dev.tsv is missing or differs from the file packed"):
+        unpack(archive, tmp_path / "work")
+
+    cfg = compose_study(Path("inputs"), 0, tmp_path, SMALL)
+    with pytest.raises(InputsError, match="exists: pack into a new file"):
+        pack(cfg, archive, root / "corpus" / "synthetic", root / "glue", root / "blimp", root / "conll2003")
+    too_big = tmp_path / "big.tar.xz"
+    with pytest.raises(InputsError, match="more than the 0.001 MiB allowed"):
+        pack(cfg, too_big, root / "corpus" / "synthetic", root / "glue", root / "blimp", root / "conll2003", 0.001)
+    assert not too_big.exists()
+
+
+def test_the_entry_point_installs_nothing_when_nothing_is_missing_and_names_what_it_cannot_install(tmp_path):
+    code = f"""
+import importlib.util, json, sys
+sys.argv = ["experiments/slot.py", "run"]
+spec = importlib.util.spec_from_file_location("entry", {str(ROOT / "experiments" / "slot.py")!r})
+entry = importlib.util.module_from_spec(spec); spec.loader.exec_module(entry)
+print(json.dumps(entry.install_missing(["run"])))
+entry.NEEDED["a_module_nobody_has"] = "a-distribution-nobody-has"
+entry.install_missing(["run", "--wheels", {str(tmp_path / "no-wheels")!r}])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout.splitlines()[0]) == {"packages": [], "seconds": 0.0}
+    assert done.returncode != 0 and "lacks a-distribution-nobody-has" in done.stderr
+    assert "python -m pretrainlab.slot wheels --out" in done.stderr
+
+
+# --- the command, end to end ------------------------------------------------------------------------------
+def _slot(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run_command([sys.executable, str(ROOT / "experiments" / "slot.py"), *args], timeout=600, cwd=cwd)
+
+
+def _record(archive: Path) -> dict:
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("report/slot.json"))
+        f = tar.extractfile(member)
+        assert f is not None
+        return json.loads(f.read())
+
+
+def _retar(archive: Path, out: Path, edit) -> Path:
+    """A copy of ``archive`` whose slot.json ``edit`` changed."""
+    work = out.parent / f"{out.name}.d"
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    record = next(work.rglob("report/slot.json"))
+    data = json.loads(record.read_text())
+    edit(data)
+    record.write_text(json.dumps(data))
+    with tarfile.open(out, "w:gz") as tar:
+        for child in work.iterdir():
+            tar.add(child, arcname=child.name)
+    return out
+
+
+@pytest.mark.slow
+def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
+    """Scaled down (tiny encoders, generated data, a two-minute slot on this CPU): the first slot
+    calibrates and plans its budget, the second takes it from the first one's archive; each brings back
+    one archive without weights; merged, they make one report over two pretraining seeds."""
+    from pretrainlab.slot.archive import MergeError, merge
+
+    _, inputs = packed
+    out = tmp_path / "out"
+    first = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0", "--minutes", "1.5", *SMALL, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    a = out / "slot-s0.tar.gz"
+    record = _record(a)
+    plan = record["plan"]
+    assert plan["source"] == "calibrated" and plan["budget_flops"] > 0
+    assert set(plan["rates"]) == {"roberta", "bert"} and all(r["alone"] > 0 for r in plan["rates"].values())
+    assert plan["throughput"]["jobs"] == 2 and plan["throughput"]["speedup"] > 0
+    assert {"setup", "unpack", "calibration", "plan", "pretraining", "evaluation", "report"} <= set(record["phases"])
+    for run in ("roberta-s0", "bert-s0"):  # trained to the budget it planned
+        assert record["runs"][run]["flops"] >= plan["budget_flops"]
+    with tarfile.open(a) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.endswith((".ckpt", ".safetensors")) or "/encoder/" in n]
+    assert "slot/pretrain/bert-s0/encoder.json" in names and "slot/pretrain/bert-s0/eval/blimp/seed0.json" in names
+    assert "slot/report/slot.md" in names and "slot/slot.log" in names
+    md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
+    assert "## The jobs at once against one after another" in md and "calibrated" in md
+
+    again = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0b", *SMALL, cwd=tmp_path)
+    assert again.returncode != 0 and "exists: give another --out" in again.stderr
+
+    second = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "1", "--work", "s1", "--plan-from", str(a), *SMALL, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    b = out / "slot-s1.tar.gz"
+    assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
+
+    merged = tmp_path / "merged"
+    table = merge([a, b], merged)
+    assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
+    comparison = json.loads((merged / "report" / "comparison.json").read_text())
+    roberta = comparison["glue"]["roberta"]["summary"]
+    assert roberta["encoders"] == 2 and not roberta["conditional"]  # an interval over two pretraining seeds
+    learning = json.loads((merged / "report" / "learning.json").read_text())
+    assert sorted(learning) == ["bert-s0", "bert-s1", "roberta-s0", "roberta-s1"]
+    slots = (merged / "report" / "slots.md").read_text()
+    assert "slot-s0.tar.gz | 0 |" in slots and "slot-s1.tar.gz | 1 |" in slots
+
+    with pytest.raises(MergeError, match="each slot must pretrain another seed"):
+        merge([a, a], tmp_path / "twice")
+    other = _retar(b, tmp_path / "other-lr.tar.gz", lambda r: r["settings"].update(lr=5e-4))
+    with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.001 against 0.0005"):
+        merge([a, other], tmp_path / "mixed")
+    other_code = _retar(b, tmp_path / "other-code.tar.gz", lambda r: r["code"].update(digest="0" * 16))
+    with pytest.raises(MergeError, match="the code differs"):
+        merge([a, other_code], tmp_path / "mixed-code")
+    failed = _retar(b, tmp_path / "failed.tar.gz", lambda r: r.update(error="RuntimeError: out of time"))
+    with pytest.raises(MergeError, match="a slot that failed"):
+        merge([a, failed], tmp_path / "with-failed")
