@@ -63,8 +63,16 @@ def test_the_plan_is_the_largest_equal_budget_that_ends_in_its_window():
 def test_throughput_at_once_is_compared_with_the_same_jobs_one_after_another():
     window = {"seconds": 10.0}
     measured = {
-        "a": {"flops_per_token": 2.0, "together": {**window, "tokens": 50.0, "flops": 100.0}, "alone": {"seconds": 1.0, "flops": 20.0, "tokens": 10.0}},
-        "b": {"flops_per_token": 4.0, "together": {**window, "tokens": 25.0, "flops": 100.0}, "alone": {"seconds": 1.0, "flops": 40.0, "tokens": 10.0}},
+        "a": {
+            "flops_per_token": 2.0,
+            "together": {**window, "tokens": 50.0, "flops": 100.0},
+            "alone": {"seconds": 1.0, "flops": 20.0, "tokens": 10.0},
+        },
+        "b": {
+            "flops_per_token": 4.0,
+            "together": {**window, "tokens": 25.0, "flops": 100.0},
+            "alone": {"seconds": 1.0, "flops": 40.0, "tokens": 10.0},
+        },
     }
     speed = throughput(measured, budget_flops=40.0)
     assert speed["together"] == pytest.approx({"tokens_per_s": 7.5, "flops_per_s": 20.0})
@@ -185,7 +193,21 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
 
     _, inputs = packed
     out = tmp_path / "out"
-    first = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0", "--minutes", "1.5", *SMALL, cwd=tmp_path)
+    first = _slot(
+        "run",
+        "--inputs",
+        str(inputs),
+        "--out",
+        str(out),
+        "--seed",
+        "0",
+        "--work",
+        "s0",
+        "--minutes",
+        "1.5",
+        *SMALL,
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     a = out / "slot-s0.tar.gz"
     record = _record(a)
@@ -204,10 +226,26 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 
-    again = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0b", *SMALL, cwd=tmp_path)
+    again = _slot(
+        "run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0b", *SMALL, cwd=tmp_path
+    )
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
 
-    second = _slot("run", "--inputs", str(inputs), "--out", str(out), "--seed", "1", "--work", "s1", "--plan-from", str(a), *SMALL, cwd=tmp_path)
+    second = _slot(
+        "run",
+        "--inputs",
+        str(inputs),
+        "--out",
+        str(out),
+        "--seed",
+        "1",
+        "--work",
+        "s1",
+        "--plan-from",
+        str(a),
+        *SMALL,
+        cwd=tmp_path,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     b = out / "slot-s1.tar.gz"
     assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
