@@ -157,8 +157,10 @@ entry.install_missing(["run", "--wheels", {str(tmp_path / "no-wheels")!r}])
 
 
 # --- the command, end to end ------------------------------------------------------------------------------
-def _slot(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run_command([sys.executable, str(ROOT / "experiments" / "slot.py"), *args], timeout=600, cwd=cwd)
+def _slot(inputs: Path, out: Path, seed: int, work: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The scaled-down slot of pretraining seed ``seed``, as a user starts it."""
+    command = ["run", "--inputs", str(inputs), "--out", str(out), "--seed", str(seed), "--work", work, *options, *SMALL]
+    return run_command([sys.executable, str(ROOT / "experiments" / "slot.py"), *command], timeout=600, cwd=cwd)
 
 
 def _record(archive: Path) -> dict:
@@ -186,28 +188,14 @@ def _retar(archive: Path, out: Path, edit) -> Path:
 
 @pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
-    """Scaled down (tiny encoders, generated data, a two-minute slot on this CPU): the first slot
+    """Scaled down (tiny encoders, generated data, a 90-second slot on a CPU): the first slot
     calibrates and plans its budget, the second takes it from the first one's archive; each brings back
     one archive without weights; merged, they make one report over two pretraining seeds."""
     from pretrainlab.slot.archive import MergeError, merge
 
     _, inputs = packed
     out = tmp_path / "out"
-    first = _slot(
-        "run",
-        "--inputs",
-        str(inputs),
-        "--out",
-        str(out),
-        "--seed",
-        "0",
-        "--work",
-        "s0",
-        "--minutes",
-        "1.5",
-        *SMALL,
-        cwd=tmp_path,
-    )
+    first = _slot(inputs, out, 0, "s0", "--minutes", "1.5", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     a = out / "slot-s0.tar.gz"
     record = _record(a)
@@ -226,26 +214,10 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 
-    again = _slot(
-        "run", "--inputs", str(inputs), "--out", str(out), "--seed", "0", "--work", "s0b", *SMALL, cwd=tmp_path
-    )
+    again = _slot(inputs, out, 0, "s0b", cwd=tmp_path)
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
 
-    second = _slot(
-        "run",
-        "--inputs",
-        str(inputs),
-        "--out",
-        str(out),
-        "--seed",
-        "1",
-        "--work",
-        "s1",
-        "--plan-from",
-        str(a),
-        *SMALL,
-        cwd=tmp_path,
-    )
+    second = _slot(inputs, out, 1, "s1", "--plan-from", str(a), cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     b = out / "slot-s1.tar.gz"
     assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
