@@ -4,7 +4,8 @@ as the study will start them, then timed in windows the coordinator announces.
 Each job (:func:`measure`, in a process of its own) builds its run exactly as pretraining does (its
 corpus, examples, model, optimizer, compile settings and trainer precision), trains until it is warm
 (``warmup_steps``: the compile and its recompiles behind it), says so (``ready-<job>.json`` in the
-exchange directory) and keeps training. When every job is warm the coordinator (:class:`Windows`)
+exchange directory) and keeps training. A validation step before the first training step (as every
+run of the study has) compiles the evaluation graph too. When every job is warm the coordinator (:class:`Windows`)
 writes ``windows.json``: one window in which all of them train at once, then one window per job in
 turn, in which it trains alone while the others wait. Each job counts the steps, tokens and FLOPs it
 finishes inside its windows (waiting for the device at their edges only, so the count is the
@@ -55,6 +56,13 @@ class Counting(Callback):
         self.ready_at: float | None = None
         self.windows: dict | None = None
         self.marks: dict[str, dict[str, dict[str, float]]] = {}
+        self.sanity_from, self.sanity_s = 0.0, 0.0  # the validation step run (and compiled) before training
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.sanity_from = time.time()
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.sanity_s = time.time() - self.sanity_from
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.first_step_at is None:
@@ -78,7 +86,7 @@ class Counting(Callback):
             self.ready_at = time.time()
             atomic.write_json(
                 self.exchange / f"ready-{self.job}.json",
-                {"at": self.ready_at, "setup_s": (self.first_step_at or now) - self.spawned_at},
+                {"at": self.ready_at, "setup_s": self.setup_s(now)},
             )
         if self.windows is None:
             path = self.exchange / WINDOWS
@@ -110,6 +118,11 @@ class Counting(Callback):
                     continue
                 return
         trainer.should_stop = True
+
+    def setup_s(self, now: float | None = None) -> float:
+        """From the process's start to its first training step, less the validation step before it:
+        imports, data, examples, model (what a run of the study pays again, its compiles aside)."""
+        return (self.first_step_at or now or time.time()) - self.spawned_at - self.sanity_s
 
     def rates(self) -> dict:
         """What each window counted: seconds, steps, tokens, FLOPs."""
@@ -155,8 +168,11 @@ def measure(
         enable_checkpointing=False,
         enable_progress_bar=False,
         callbacks=[counting],
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
+        # one validation step before training, as a study's run has: its compile lands in the shared cache
+        limit_val_batches=1,
+        num_sanity_val_steps=1,
+        val_check_interval=steps,
+        check_val_every_n_epoch=None,
         gradient_clip_val=module.optim.grad_clip,
         use_distributed_sampler=False,
         accumulate_grad_batches=plan.accumulate,
@@ -172,7 +188,8 @@ def measure(
             "objective": objective.name,
             "flops_per_token": flops_per_token,
             "tokens_per_step": cfg.batch_size * cfg.max_seq_len,
-            "setup_s": (counting.first_step_at or counting.ready_at or 0.0) - spawned_at,
+            "setup_s": counting.setup_s(),
+            "sanity_s": counting.sanity_s,
             "warm_after_s": (counting.ready_at or 0.0) - (counting.first_step_at or 0.0),
             **counted,
         },

@@ -56,8 +56,8 @@ def slot_markdown(record: dict) -> str:
     if runs or rates:
         lines += [
             "",
-            "| run | TFLOP/s with all at once | TFLOP/s alone | planned end | exported at | steps | tokens | FLOPs |",
-            "|---|---|---|---|---|---|---|---|",
+            "| run | TFLOP/s with all at once | TFLOP/s alone | planned end | exported at | done at | steps | tokens | FLOPs |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         names = sorted(set(runs) | {f"{k}-s{s}" for k in rates for s in record.get("seeds", [])})
         for name in names:
@@ -67,7 +67,8 @@ def slot_markdown(record: dict) -> str:
             exported = r.get("exported_s")
             lines.append(
                 f"| {name} | {_tera(rate.get('together'))} | {_tera(rate.get('alone'))} | {_seconds(planned)} | "
-                f"{_seconds(exported)} | {r.get('steps', '–')} | {_mega(r.get('tokens'))} | {r.get('flops') or 0:.3g} |"
+                f"{_seconds(exported)} | {_seconds(r.get('done_s'))} | {r.get('steps', '–')} | {_mega(r.get('tokens'))} | "
+                f"{r.get('flops') or 0:.3g} |"
             )
     speed = plan.get("throughput")
     if speed:

@@ -191,7 +191,7 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
 
 def _runs_as_run(study: Path, phases: dict) -> dict:
     """Each pretraining run as it ran: steps, tokens, FLOPs, seconds of training steps, and when its
-    export was written (seconds after the pretraining phase started)."""
+    export and its held-out checks were written (seconds after the pretraining phase started)."""
     start = (phases.get("pretraining") or {}).get("at")
     out = {}
     for run in sorted((study / "pretrain").glob("*")):
@@ -207,6 +207,9 @@ def _runs_as_run(study: Path, phases: dict) -> dict:
             "train_s": record.get("seconds"),
             "exported_s": round(config.stat().st_mtime - start, 1) if start else None,
         }
+        checks = run / "intrinsic.json"  # written by the run's process after its export: the run's end
+        if start and checks.is_file():
+            out[run.name]["done_s"] = round(checks.stat().st_mtime - start, 1)
     return out
 
 
