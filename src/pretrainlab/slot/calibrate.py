@@ -216,7 +216,7 @@ class Windows:
         t = time.time() + 2 * self.gap_s
         windows: dict[str, Any] = {"together": [t, t + self.together_s], "alone": {}}
         t += self.together_s + self.gap_s
-        for job in sorted(self.jobs.values()):
+        for job in sorted(jobs):  # the jobs in progress (one that failed to start is named by run_parallel)
             windows["alone"][job] = [t, t + self.alone_s]
             t += self.alone_s + self.gap_s
         atomic.write_json(self.exchange / WINDOWS, windows)
