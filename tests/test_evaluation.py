@@ -304,7 +304,7 @@ def test_pretrained_encoders_beat_scratch_on_minimal_pairs(encoders, tmp_path):
     """Each objective's own likelihood prefers the grammatical sentence far more often than the same
     architecture from scratch does (~ chance), significantly on the same pairs."""
     from pretrainlab.compare import item_outcomes
-    from pretrainlab.glue.stats import item_difference
+    from pretrainlab.stats import item_difference
 
     for name, run_dir in encoders.items():
         result = evaluate(run_dir, "blimp", tmp_path / name)

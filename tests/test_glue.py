@@ -12,9 +12,10 @@ import sklearn.metrics
 import torch
 
 from pretrainlab.data.synthetic import SyntheticLanguage
+from pretrainlab.data.world import split_words
 from pretrainlab.glue import metrics
 from pretrainlab.glue.data import GlueDataError, encode, read_local, read_tsv
-from pretrainlab.glue.synthetic import SIZES, SyntheticGlue, split_words
+from pretrainlab.glue.synthetic import SIZES, SyntheticGlue
 from pretrainlab.glue.tasks import TASKS, get_task
 
 

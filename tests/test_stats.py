@@ -5,7 +5,7 @@ nominal rate and no more, and the seeds-needed rule delivers the power it promis
 import numpy as np
 import pytest
 
-from pretrainlab.glue import stats
+from pretrainlab import stats
 
 MU, SD_PT, SD_FT = 60.0, 2.0, 3.0  # a row's true mean, the sd over pretraining and over fine-tuning seeds
 

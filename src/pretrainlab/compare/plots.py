@@ -6,10 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import figures
+from pretrainlab import figures, stats
 from pretrainlab.compare.tables import columns
 from pretrainlab.evaluation.tasks import EVALUATIONS, display_name
-from pretrainlab.glue import stats
 
 
 def plot(table: dict, path: Path) -> Path:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pretrainlab import atomic
+from pretrainlab import atomic, stats
 from pretrainlab.compare.collect import encoder_of, is_final, row_labels
 from pretrainlab.compare.plots import plot, plot_curve
 from pretrainlab.compare.statistics import aggregate, curve
 from pretrainlab.compare.tables import curve_csv, to_csv, to_markdown
 from pretrainlab.evaluation import report
 from pretrainlab.evaluation.tasks import display_name, is_glue
-from pretrainlab.glue import stats
 
 
 def write_report(

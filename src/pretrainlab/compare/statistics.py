@@ -1,7 +1,7 @@
 """The comparison's numbers: per encoder and task, mean and sds over fine-tuning and pretraining
 seeds, the GLUE score, intervals, paired differences against a baseline row with p-values, the
 seeds a difference would need, and GLUE against pretraining FLOPs for snapshots
-(:func:`curve`). The statistics themselves are ``pretrainlab.glue.stats``.
+(:func:`curve`). The statistics themselves are ``pretrainlab.stats``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from pretrainlab import stats
 from pretrainlab.compare.collect import CompareError, as_final, encoder_of, is_final, row_labels
 from pretrainlab.evaluation.tasks import ORDER, is_glue
-from pretrainlab.glue import stats
 from pretrainlab.glue.tasks import task_score
 
 EXCLUDED_FROM_GLUE_SCORE = ("wnli",)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import csv
 import io
 
+from pretrainlab import stats
 from pretrainlab.compare.statistics import DELTAS
 from pretrainlab.evaluation import report
 from pretrainlab.evaluation.tasks import EVALUATIONS, display_name, is_glue
-from pretrainlab.glue import stats
 
 
 def _interval(ci) -> str:

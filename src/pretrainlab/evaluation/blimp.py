@@ -158,10 +158,10 @@ class SyntheticPairs:
 
     def generate(self) -> dict[str, list[dict]]:
         from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
-        from pretrainlab.glue.synthetic import _World, render
+        from pretrainlab.data.world import World, render
 
         rng = random.Random(f"blimp-{self.seed}")
-        w = _World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
+        w = World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
         out: dict[str, list[dict]] = {name: [] for name in SYNTHETIC_PARADIGMS}
         for name, (field, phenomenon) in SYNTHETIC_PARADIGMS.items():
             while len(out[name]) < self.pairs:

@@ -247,12 +247,12 @@ class SyntheticNer:
 
     def sentences(self, split: str) -> list[Sentence]:
         from pretrainlab.data.synthetic import SyntheticLanguage
-        from pretrainlab.glue.synthetic import _World, split_words
+        from pretrainlab.data.world import World, split_words
 
         language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
         held = split_words(language, self.unseen_words, self.seed) if self.unseen_words else None
         rng = random.Random(f"ner-{self.seed}-{split}")
-        w = _World(language, rng, held, words=("unseen" if split == "validation" else "seen") if held else "all")
+        w = World(language, rng, held, words=("unseen" if split == "validation" else "seen") if held else "all")
         n = max(1, round(SIZES[split == "validation"] * self.scale))
         out = []
         for _ in range(n):

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import figures
+from pretrainlab import figures, stats
 from pretrainlab.evaluation.tasks import display_name
-from pretrainlab.glue import stats
 
 LEVELS = ("field", "phenomenon", "paradigm")
 

@@ -1,4 +1,5 @@
-"""Uncertainty of GLUE scores whose fine-tuning seeds are nested in pretraining seeds.
+"""Uncertainty of evaluation scores whose fine-tuning seeds are nested in pretraining seeds (every
+evaluation's comparison: GLUE, NER, BLiMP, the probes, SQuAD).
 
 A row of a comparison holds one or more encoders (pretraining seeds), each fine-tuned with one or
 more seeds. Its estimate is the mean of the encoders' means. Two intervals are offered:
