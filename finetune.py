@@ -1,4 +1,4 @@
-"""Fine-tune a pretrained encoder on one GLUE task and score it on the dev set(s).
+"""Evaluate a pretrained encoder on one task (conf/task/: fine-tuned, zero-shot or probed) and score it.
 
     python finetune.py pretrained=runs/<run> task=rte                          # GLUE from the hub
     python finetune.py pretrained=runs/<run> task=mrpc glue.data_dir=glue_data  # a local GLUE copy
@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.finetuning.run import run
+    from pretrainlab.evaluation.run import run
 
     run(cfg)
 

@@ -15,7 +15,7 @@ two different encoders that claim the same row and pretraining seed are refused 
 and so are results of one task scored on different numbers of dev examples.
 
 Every score comes with a 95% confidence interval (--ci t: the two-level t interval, right with few
-seeds; --ci bootstrap: a hierarchical bootstrap, for twenty seeds or more; see pretrainlab/glue/stats.py).
+seeds; --ci bootstrap: a hierarchical bootstrap, for twenty seeds or more; see pretrainlab/stats.py).
 --baseline ROW adds every other row minus that one, with its interval and the p-value of a paired test
 over matched seeds; * marks a difference whose interval excludes zero. Results of encoder snapshots
 (a study with snapshots=[...]) add curve.png / curve.csv: the GLUE score against pretraining FLOPs.

@@ -6,7 +6,7 @@ on the same examples with the same settings: an independent check of a fine-tuni
     python experiments/glue_reference.py <run> task=sst2 ... --reinit-pooler   # is it in the pooler?
 
 The arguments after the encoder are finetune.py's overrides (conf/finetune.yaml), so both sides read
-one composed config. pretrainlab's side is finetune.py's own run (``pretrainlab.finetuning.run``).
+one composed config. pretrainlab's side is finetune.py's own run (``pretrainlab.evaluation.run``).
 The reference is the encoder exported in transformers' format (``pretrainlab.export.hf``) and loaded
 as ``AutoModelForSequenceClassification`` (``BertForSequenceClassification`` for a BERT export):
 transformers' pooler, dropout, classifier head and loss (mean squared error for STS-B, cross-entropy
@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
+from pretrainlab.evaluation.glue import glue_examples
 from pretrainlab.export.hf import export_hf
 from pretrainlab.finetuning.encoders import load_pretrained
-from pretrainlab.finetuning.run import glue_examples
 from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.seed = seed
         sides = {}
         if not args.reference_only:
-            from pretrainlab.finetuning.run import run
+            from pretrainlab.evaluation.run import run
 
             sides["pretrainlab"] = run(cfg, out / f"pretrainlab-seed{seed}", choices=choices)["metrics"]
         sides["transformers" + (" (pooler re-initialised)" if args.reinit_pooler else "")] = reference_metrics(

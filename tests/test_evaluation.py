@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrainlab.evaluation import ner
+from pretrainlab.evaluation import conll as ner
 from pretrainlab.evaluation.blimp import BlimpDataError, SyntheticPairs, breakdown, read_local
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens
@@ -294,7 +294,7 @@ def encoders(tmp_path_factory) -> dict[str, Path]:
 
 
 def evaluate(pretrained, task: str, run_dir: Path, *overrides: str) -> dict:
-    from pretrainlab.finetuning.run import run
+    from pretrainlab.evaluation.run import run
 
     return run(compose_config("finetune", f"pretrained={pretrained}", f"task={task}", *EVAL, *overrides), run_dir)
 
@@ -354,7 +354,7 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     """The suite refuses a BLiMP result computed on files edited since; the comparison refuses one
     whose encoder was pretrained again; an unknown task is named with the ones there are."""
     from pretrainlab.compare import CompareError, collect
-    from pretrainlab.glue.results import ResultError
+    from pretrainlab.evaluation.results import ResultError
     from pretrainlab.pretraining.run import run
     from pretrainlab.studies.suite import plan_suite, run_suite
 
@@ -377,7 +377,7 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     run(compose_train(*SMALL, "max_steps=320", "ckpt_path=last"), run_dir)  # trained further
     with pytest.raises(CompareError, match="eval/blimp/seed0.json holds results of another encoder"):
         collect([str(run_dir)])
-    with pytest.raises(KeyError, match="unknown evaluation task 'blimpp'; the tasks are: cola"):
+    with pytest.raises(KeyError, match="unknown evaluation task 'blimpp'; the tasks are: blimp, cola"):
         plan_suite(cfg, ["blimpp"], [0], None, {})
 
 

@@ -288,8 +288,7 @@ def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
 
 
 def test_dev_batches_come_in_order_of_length_and_hold_every_example_once():
-    from pretrainlab.finetuning.run import eval_loader
-    from pretrainlab.glue.data import EncodedSplit
+    from pretrainlab.glue.data import EncodedSplit, eval_loader
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 120, 300)  # CoLA-like: mostly short, some long
@@ -376,7 +375,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("a finished (task, seed) was run again")
 
-    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
+    monkeypatch.setattr("pretrainlab.evaluation.run.run", fail)
     cfg = compose_config("glue", f"pretrained={pretrained_run}", *FAST)
     assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
     # the same encoder named by its export directory is the same; results of another are not mixed in
@@ -443,7 +442,7 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
     assert first[0]["pretrained"]["encoder_id"] == first[0]["pretrained"]["weights_sha256"]
     shutil.rmtree(tmp_path / "run" / "encoder")  # the directory now holds another encoder
     shutil.copytree(tmp_path / "other" / "encoder", tmp_path / "run" / "encoder")
-    monkeypatch.setattr("pretrainlab.finetuning.run.run", lambda *a, **k: pytest.fail("ran instead of refusing"))
+    monkeypatch.setattr("pretrainlab.evaluation.run.run", lambda *a, **k: pytest.fail("ran instead of refusing"))
     with pytest.raises(ValueError, match="holds results of another encoder"):
         suite.run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
 

@@ -124,7 +124,7 @@ def test_a_real_bert_checkpoint_imports_with_identical_hidden_states():
 
 
 def test_a_real_bert_checkpoint_fine_tunes_through_the_glue_pipeline(tmp_path):
-    from pretrainlab.finetuning.run import run as finetune
+    from pretrainlab.evaluation.run import run as finetune
     from tests.conftest import compose_config
 
     cfg = compose_config(

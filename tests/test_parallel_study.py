@@ -78,7 +78,7 @@ def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkey
         raise AssertionError("finished work was redone")
 
     monkeypatch.setattr("pretrainlab.pretraining.run.run", fail)
-    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
+    monkeypatch.setattr("pretrainlab.evaluation.run.run", fail)
     monkeypatch.setattr("pretrainlab.studies.parallel.run_parallel", fail)
     again = run_study(compose_config("ablate", *overrides, "jobs=1"))
     assert again["labels"] == table["labels"]

@@ -86,7 +86,7 @@ def shared_layout(root: Path) -> Path:
     """Generated data in the layout of ../shared/data: corpus/<name>/*.txt, glue/, blimp/, conll2003/."""
     from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
     from pretrainlab.evaluation.blimp import SyntheticPairs
-    from pretrainlab.evaluation.ner import SyntheticNer
+    from pretrainlab.evaluation.conll import SyntheticNer
     from pretrainlab.glue.synthetic import SyntheticGlue
 
     corpus = root / "corpus" / "synthetic"
@@ -122,8 +122,14 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
     inputs, manifest = unpack(archive, tmp_path / "work")
     assert (inputs / "corpus" / "tokens.npy").is_file() and manifest["corpus"]["documents"] == 300
     assert manifest["corpus"]["tokenizer"]["vocab_size"] == 1000
-    for rel in ("glue/SST-2/train.tsv", "glue/SST-2/dev.tsv", "conll2003/train.txt", "blimp/verb_object_order.jsonl"):
-        assert file_digest(inputs / rel) == file_digest(root / rel) == manifest["files"][rel], rel
+    # each evaluation's files, by its data block, as they were where they came from
+    for rel, source in (
+        ("glue/SST-2/train.tsv", "glue/SST-2/train.tsv"),
+        ("glue/SST-2/dev.tsv", "glue/SST-2/dev.tsv"),
+        ("ner/train.txt", "conll2003/train.txt"),
+        ("blimp/verb_object_order.jsonl", "blimp/verb_object_order.jsonl"),
+    ):
+        assert file_digest(inputs / rel) == file_digest(root / source) == manifest["files"][rel], rel
     assert not (inputs / "glue" / "CoLA").exists()  # only what the study reads (SST-2 for GLUE and the probe)
 
     # unpacked again into the same place: checked, and a damaged file is found
@@ -132,12 +138,15 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
         unpack(archive, tmp_path / "work")
 
     cfg = compose_study(Path("inputs"), 0, tmp_path, SMALL)
+    dirs = {"glue": root / "glue", "blimp": root / "blimp", "ner": root / "conll2003"}
     with pytest.raises(InputsError, match="exists: pack into a new file"):
-        pack(cfg, archive, root / "corpus" / "synthetic", root / "glue", root / "blimp", root / "conll2003")
+        pack(cfg, archive, root / "corpus" / "synthetic", dirs)
     too_big = tmp_path / "big.tar.xz"
     with pytest.raises(InputsError, match="more than the 0.001 MiB allowed"):
-        pack(cfg, too_big, root / "corpus" / "synthetic", root / "glue", root / "blimp", root / "conll2003", 0.001)
+        pack(cfg, too_big, root / "corpus" / "synthetic", dirs, 0.001)
     assert not too_big.exists()
+    with pytest.raises(InputsError, match="probe_ner read ner data.*--data-dir ner=<folder>"):
+        pack(cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {"glue": root / "glue", "blimp": root / "blimp"})
 
 
 def test_the_entry_point_installs_nothing_when_nothing_is_missing_and_names_what_it_cannot_install(tmp_path):

@@ -128,7 +128,7 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
         raise AssertionError("finished work was redone")
 
     monkeypatch.setattr("pretrainlab.pretraining.run.run", fail)
-    monkeypatch.setattr("pretrainlab.finetuning.run.run", fail)
+    monkeypatch.setattr("pretrainlab.evaluation.run.run", fail)
     again = run_study(compose_config("ablate", *overrides))
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())
 

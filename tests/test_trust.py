@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pretrainlab.compare import CompareError, aggregate, collect, to_markdown
-from pretrainlab.glue.results import ResultError
+from pretrainlab.evaluation.results import ResultError
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.run import run as pretrain
 from pretrainlab.runtime.provenance import SettingsMismatch
@@ -97,7 +97,7 @@ def test_a_study_refuses_encoders_pretrained_with_other_settings(tmp_path, monke
     encoder = tmp_path / "s" / "pretrain" / "roberta-s0" / "encoder" / "encoder.safetensors"
     before = encoder.read_bytes()
     monkeypatch.setattr("pretrainlab.pretraining.run.run", never)
-    monkeypatch.setattr("pretrainlab.finetuning.run.run", never)
+    monkeypatch.setattr("pretrainlab.evaluation.run.run", never)
     # another budget, learning rate or tokenizer: refused before any run starts (bert's is planned first)
     for change, named in (
         ("max_steps=8", "max_steps: 4 then, 8 now"),
@@ -347,7 +347,7 @@ def test_two_train_processes_started_on_one_directory(tmp_path):
 
 
 def test_fine_tuning_never_replaces_earlier_results(finished, tmp_path):
-    from pretrainlab.finetuning.run import run as finetune
+    from pretrainlab.evaluation.run import run as finetune
 
     cfg = compose_config(
         "finetune",
@@ -401,7 +401,7 @@ def test_fine_tuning_never_replaces_earlier_results(finished, tmp_path):
 
 # --- a signal stops fine-tuning with a non-zero status and what to run next -----------------------------
 def test_sigterm_during_fine_tuning_exits_143_without_results(finished, tmp_path, monkeypatch, caplog):
-    from pretrainlab.finetuning.module import FinetuneModule
+    from pretrainlab.evaluation.glue import Classifier as FinetuneModule
     from pretrainlab.studies.suite import run_suite
 
     original = FinetuneModule.training_step
@@ -473,7 +473,7 @@ def test_a_study_stopped_by_sigterm_prints_the_command_that_continues_it(tmp_pat
 
 # --- and the ones of the same kind ----------------------------------------------------------------------
 def test_fine_tuning_and_pretraining_never_share_a_directory(finished, tmp_path):
-    from pretrainlab.finetuning.run import run as finetune
+    from pretrainlab.evaluation.run import run as finetune
 
     run_dir = copy_of(finished, tmp_path)
     config = (run_dir / "config.yaml").read_bytes()

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from pretrainlab.glue.results import (
+from pretrainlab.evaluation.results import (
     LEGACY,
     ResultError,
     changed_files,
@@ -57,7 +57,7 @@ def collect(
     Every results file is read whole and must hold finite metrics; a result whose encoder is still
     where it was recorded must be of that encoder (not of one pretrained there before); results of
     one task must have been fine-tuned with the same settings, on the same data files
-    (``pretrainlab.glue.results``). The same result reached twice (a run directory and its
+    (``pretrainlab.evaluation.results``). The same result reached twice (a run directory and its
     ``glue/``) counts once; two different fine-tuning runs of one encoder, task and seed are
     refused, since one would hide the other."""
     results: list[dict] = []

@@ -8,7 +8,7 @@ import numpy as np
 
 from pretrainlab import figures, stats
 from pretrainlab.compare.tables import columns
-from pretrainlab.evaluation.tasks import EVALUATIONS, display_name
+from pretrainlab.evaluation.base import display_name, known
 
 
 def plot(table: dict, path: Path) -> Path:
@@ -63,11 +63,7 @@ def plot(table: dict, path: Path) -> Path:
         )
     labelled = False
     for j, g in enumerate(groups):
-        levels = (
-            [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]]
-            if g in EVALUATIONS
-            else []
-        )
+        levels = [table["cells"][lb][g].get("no_skill") for lb in labels if g in table["cells"][lb]] if known(g) else []
         levels = [v for v in levels if v is not None]
         if levels:  # the majority-class (constant) prediction: what a model that learnt nothing scores
             ax.hlines(
@@ -82,7 +78,7 @@ def plot(table: dict, path: Path) -> Path:
             )
             labelled = True
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, [display_name(g) if g in EVALUATIONS else "GLUE" for g in groups])
+    ax.set_xticks(x, [display_name(g) if known(g) else "GLUE" for g in groups])
     ax.set_ylabel("dev score (x 100)")
     interval = table.get("interval") or {"level": stats.LEVEL}
     ax.set_title(f"GLUE dev scores: mean and {100 * interval['level']:g}% interval over seeds")

@@ -1,5 +1,6 @@
 """One comparison report directory: comparison.md, .csv, .png and .json; FLOPs curves of snapshots
-(curve.png, curve.csv, and per task); BLiMP and probe tables where there are such results."""
+(curve.png, curve.csv, and per task); and what each evaluation adds beyond its column (its
+``sections``: BLiMP by field, phenomenon and paradigm, the probes layer by layer)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from pretrainlab.compare.collect import encoder_of, is_final, row_labels
 from pretrainlab.compare.plots import plot, plot_curve
 from pretrainlab.compare.statistics import aggregate, curve
 from pretrainlab.compare.tables import curve_csv, to_csv, to_markdown
-from pretrainlab.evaluation import report
-from pretrainlab.evaluation.tasks import display_name, is_glue
+from pretrainlab.evaluation.base import display_name, get
 
 
 def write_report(
@@ -31,11 +31,17 @@ def write_report(
     table = aggregate(results, baseline, method, level)  # refuses what cannot be compared before anything is written
     table["preface"], table["learning"] = preface, learning or {}
     table["curve"] = curve(results, method, level)
-    table["curves"] = {t: c for t in table["tasks"] if not is_glue(t) and (c := curve(results, method, level, t))}
+    table["curves"] = {
+        t: c for t in table["tasks"] if t not in table["glue_tasks"] and (c := curve(results, method, level, t))
+    }
     finals = [r for r in results if is_final(r)]
     rows = row_labels(finals)
-    table["blimp"] = report.blimp_table(finals, rows, lambda r: encoder_of(r)["id"], level)
-    table["probes"] = report.probe_table(finals, rows, lambda r: encoder_of(r)["id"])
+    sections = []  # what each kind of evaluation adds beyond its column (BLiMP by paradigm, the probes by layer)
+    for kind in dict.fromkeys(type(get(t)) for t in table["tasks"]):
+        sections += kind.sections(finals, rows, lambda r: encoder_of(r)["id"], level)
+    for section in sections:
+        table[section.key] = section.table
+    table["sections"] = [section.summary for section in sections]
     out = Path(out_dir)
     atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
     atomic.write_text(out / "comparison.csv", to_csv(table))
@@ -51,11 +57,10 @@ def write_report(
         }
         plot_curve(lines, out / f"curve-{task}.png", scratch, name=display_name(task))
         atomic.write_text(out / f"curve-{task}.csv", curve_csv(lines))
-    if table["blimp"]:
-        atomic.write_text(out / "blimp.md", report.blimp_markdown(table["blimp"]) + "\n")
-    if table["probes"]:
-        atomic.write_text(out / "probes.md", report.probe_markdown(table["probes"]) + "\n")
-        report.plot_probes(table["probes"], out / "probes.png")
+    for section in sections:
+        atomic.write_text(out / f"{section.key}.md", section.markdown + "\n")
+        if section.plot is not None:
+            section.plot(out / f"{section.key}.png")
     return table
 
 

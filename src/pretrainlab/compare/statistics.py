@@ -13,10 +13,7 @@ import numpy as np
 
 from pretrainlab import stats
 from pretrainlab.compare.collect import CompareError, as_final, encoder_of, is_final, row_labels
-from pretrainlab.evaluation.tasks import ORDER, is_glue
-from pretrainlab.glue.tasks import task_score
-
-EXCLUDED_FROM_GLUE_SCORE = ("wnli",)
+from pretrainlab.evaluation.base import UnknownEvaluation, get
 
 
 def two_level(values: dict[str, list[float]]) -> tuple[float, float, float | None]:
@@ -72,11 +69,14 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
         raise CompareError(
             f"--baseline {baseline!r} is not a row of this comparison; the rows are: {', '.join(labels)}."
         )
-    tasks = [t for t in ORDER if any(t in by[label] for label in labels)]
+    try:
+        tasks = sorted({t for label in labels for t in by[label]}, key=lambda t: get(t).order())
+    except UnknownEvaluation as unknown:
+        raise CompareError(f"a result is of {unknown} (a result of another version of pretrainlab?)") from None
     rng = np.random.default_rng(0)
 
     def score(r: dict) -> float:
-        return task_score(r["metrics"])
+        return get(r["task"]).score(r["metrics"])
 
     # row -> task (or "glue") -> {pretraining seed: {fine-tuning seed: score}}, for paired differences
     seeded: dict = defaultdict(dict)
@@ -112,16 +112,14 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 "summary": summary.to_dict(),
                 "seeds": sorted(r["seed"] for r in runs),
                 "encoders": len(per_encoder),
-                "no_skill": task_score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
+                "no_skill": get(task).score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
                 "eval_examples": runs[0].get("eval_examples"),
                 "items": bool(runs[0].get("items")),
             }
             seeded[label][task] = {
                 encoders[label][e]["pretrain_seed"]: {r["seed"]: score(r) for r in rs} for e, rs in per_encoder.items()
             }
-    glue_tasks = [
-        t for t in tasks if is_glue(t) and t not in EXCLUDED_FROM_GLUE_SCORE and all(t in cells[lb] for lb in labels)
-    ]
+    glue_tasks = [t for t in tasks if get(t).in_glue_score and all(t in cells[lb] for lb in labels)]
     glue = {}
     for label in labels:
         if not glue_tasks:
@@ -252,4 +250,4 @@ def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, ta
     return dict(lines)
 
 
-__all__ = ["DELTAS", "EXCLUDED_FROM_GLUE_SCORE", "aggregate", "curve", "item_outcomes", "seeds_needed", "two_level"]
+__all__ = ["DELTAS", "aggregate", "curve", "item_outcomes", "seeds_needed", "two_level"]

@@ -9,8 +9,7 @@ import io
 
 from pretrainlab import stats
 from pretrainlab.compare.statistics import DELTAS
-from pretrainlab.evaluation import report
-from pretrainlab.evaluation.tasks import EVALUATIONS, display_name, is_glue
+from pretrainlab.evaluation.base import display_name, get, known
 
 
 def _interval(ci) -> str:
@@ -45,16 +44,19 @@ def _cell(
 
 
 def columns(table: dict) -> list[str]:
-    """The table's columns in order: GLUE's tasks, the GLUE score (``glue``), then the other tasks."""
-    tasks = table["tasks"]
-    glue = [t for t in tasks if is_glue(t)]
-    return glue + (["glue"] if table["glue"] else []) + [t for t in tasks if not is_glue(t)]
+    """The table's columns in order: its tasks (in the evaluations' order), the GLUE score (``glue``)
+    after the last task it averages."""
+    tasks = list(table["tasks"])
+    if not table["glue"] or not table["glue_tasks"]:
+        return tasks
+    after = max(tasks.index(t) for t in table["glue_tasks"]) + 1
+    return [*tasks[:after], "glue", *tasks[after:]]
 
 
 def _header(column: str) -> str:
     if column == "glue":
         return "GLUE"
-    return f"{display_name(column)} ({'/'.join(_metric_short(m) for m in EVALUATIONS[column].metrics)})"
+    return f"{display_name(column)} ({'/'.join(get(column).metric_label(m) for m in get(column).metrics)})"
 
 
 def to_markdown(table: dict) -> str:
@@ -64,7 +66,8 @@ def to_markdown(table: dict) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     seeded_cells = [c for lb in table["labels"] for c in table["cells"][lb].values() if not c.get("items")]
     per_encoder = max((len(set(c["seeds"])) for c in seeded_cells), default=1)
-    short = zero_shot = False
+    short = False
+    zero_shot: list[str] = []
     for label in table["labels"]:
         row = [label]
         encoders = max(1, len(table.get("encoders", {}).get(label, [])))
@@ -79,7 +82,7 @@ def to_markdown(table: dict) -> str:
                 continue
             c = table["cells"][label].get(col)
             if c and c.get("items"):  # zero-shot: one run per encoder, the interval over items
-                zero_shot = True
+                zero_shot += [] if col in zero_shot else [col]
                 row.append(_cell(c["summary"], c["score"], c["pretrain_sd"]["score"], None, 1, items=True))
                 continue
             expected = per_encoder * encoders
@@ -120,8 +123,9 @@ def to_markdown(table: dict) -> str:
     lines.append(
         seeded
         + (
-            f"Zero-shot tasks (BLiMP): accuracy x 100, scored once per encoder; the {pct} interval is a "
-            f"bootstrap over the items (and over pretraining seeds when there are several). "
+            f"Zero-shot tasks ({', '.join(display_name(t) for t in zero_shot)}): score x 100, scored once per "
+            f"encoder; the {pct} interval is a bootstrap over the items (and over pretraining seeds when there "
+            f"are several). "
             if zero_shot
             else ""
         )
@@ -133,10 +137,8 @@ def to_markdown(table: dict) -> str:
         )
     )
     lines[-1] = lines[-1].rstrip()
-    if table.get("blimp"):
-        lines += ["", report.blimp_markdown(table["blimp"], ("field",)) + "\n\n(by phenomenon and paradigm: blimp.md)"]
-    if table.get("probes"):
-        lines += ["", report.probe_markdown(table["probes"])]
+    for summary in table.get("sections") or []:  # what evaluations add beyond their columns (BLiMP, probes)
+        lines += ["", summary]
     if table.get("differences"):
         lines += ["", differences_markdown(table)]
     if table.get("seeds_needed"):
@@ -152,7 +154,7 @@ def differences_markdown(table: dict) -> str:
     lines = [
         f"Difference against {base} (points; * = the interval excludes 0)",
         "",
-        "| encoder | " + " | ".join(display_name(t) if t in EVALUATIONS else "GLUE" for t in tasks) + " |",
+        "| encoder | " + " | ".join(display_name(t) if known(t) else "GLUE" for t in tasks) + " |",
         "|" + "---|" * (len(tasks) + 1),
     ]
     tests = set()
@@ -196,12 +198,6 @@ def seeds_markdown(table: dict) -> str:
             + " |"
         )
     return "\n".join(lines)
-
-
-def _metric_short(m: str) -> str:
-    return {"accuracy": "acc", "mcc": "MCC", "f1": "F1", "pearson": "P", "spearman": "S"}.get(m.split("_")[0], m) + (
-        "-" + m.split("_")[1] if "_" in m else ""
-    )
 
 
 def to_csv(table: dict) -> str:

@@ -1,10 +1,11 @@
-"""Evaluations beyond GLUE, in the same suite and comparison: zero-shot minimal pairs (BLiMP), named
-entities (token classification, CoNLL-2003) and frozen-feature probes.
+"""Evaluations: what an encoder is scored on. Each is a plugin (``base.Evaluation``) named by its
+config's ``_target_`` (``conf/task/<name>.yaml``); everything else calls the contract.
 
-    tasks.py    every evaluation task (GLUE's nine and these), its kind, metrics and data settings
-    run.py      one task on one encoder: dispatches on the task's kind, writes its results file
-    blimp.py    minimal pairs: readers, the synthetic pairs, scoring with the objective's own likelihood
-    ner.py      CoNLL files (IOB1 / IOB2), entity chunks and F1 as conlleval counts them, the synthetic task
-    tagging.py  fine-tuning a token classifier (the first sub-word of each word)
+    base.py     the contract, and finding an evaluation by name (get) or by a study's entry (resolve)
+    run.py      one evaluation on one encoder: its results file
+    results.py  results files and the checks a finished result must pass to be reported
+    glue.py     GLUE's tasks: a classifier on the pooled [CLS] (data, metrics: pretrainlab.glue)
+    ner.py      named entities: a token tagger (tagging.py) on CoNLL-2003 (conll.py: files, chunks, F1)
+    blimp.py    zero-shot minimal pairs, scored with the pretraining objective's own likelihood
     probes.py   frozen features of every layer, cached; linear probes, the last four, a scalar mix
 """

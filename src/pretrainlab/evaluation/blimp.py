@@ -24,18 +24,21 @@ import logging
 import os
 import random
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from pretrainlab import atomic
+from pretrainlab import atomic, stats
 from pretrainlab.config import plain_or_none
 from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.data.sources import local_root
+from pretrainlab.evaluation.base import Evaluation, Section
 from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
@@ -335,23 +338,6 @@ def evaluate(
     }
 
 
-__all__ = [
-    "BlimpDataError",
-    "Pair",
-    "SYNTHETIC_PARADIGMS",
-    "SyntheticPairs",
-    "breakdown",
-    "data_root",
-    "encode",
-    "run_task",
-    "evaluate",
-    "load_pairs",
-    "read_hub",
-    "read_local",
-    "score",
-]
-
-
 def run_task(cfg, model) -> dict:
     """``task=blimp`` on ``model`` (a ``finetuning.encoders.Pretrained``): the objective it was
     pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
@@ -394,3 +380,120 @@ def run_task(cfg, model) -> dict:
         )
     log.info("blimp: %.1f sentences/s (%.0fs)", out["sentences_per_s"], out["scoring_s"])
     return {**out, "eval_examples": {"pairs": len(pairs)}, "data": {"source": b.source, "files": digests}}
+
+
+LEVELS = ("field", "phenomenon", "paradigm")
+
+
+def blimp_table(results: list[dict], rows: dict[str, str], encoder_id, level: float = stats.LEVEL) -> dict:
+    """{level: {group: {row: {"accuracy", "ci", "pairs"}}}} over the BLiMP results (one per encoder);
+    ``rows`` maps an encoder id to its row, ``encoder_id(result)`` gives a result's encoder id."""
+    by_row: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        if r["task"] == "blimp" and r.get("items"):
+            by_row[rows[encoder_id(r)]].append(r)
+    if not by_row:
+        return {}
+    rng = np.random.default_rng(0)
+    out: dict = {lv: defaultdict(dict) for lv in LEVELS}
+    for row, rs in sorted(by_row.items()):
+        paradigms = rs[0].get("paradigms") or {}
+        groups: dict[str, dict[str, list[str]]] = {lv: defaultdict(list) for lv in LEVELS}
+        for uid in sorted(rs[0]["items"]):
+            field, phenomenon = paradigms.get(uid, ["?", "?"])
+            for lv, name in zip(LEVELS, (field, phenomenon, uid)):
+                groups[lv][name].append(uid)
+        for lv in LEVELS:
+            for name, uids in groups[lv].items():
+                outcomes = {
+                    i: np.frombuffer("".join(r["items"][u] for u in uids).encode(), dtype=np.uint8) - 48
+                    for i, r in enumerate(rs)
+                }
+                s = stats.summarize_items(outcomes, level, samples=1000, rng=rng)
+                out[lv][name][row] = {"accuracy": s.mean, "ci": s.ci, "pairs": len(next(iter(outcomes.values())))}
+    return {lv: dict(groups) for lv, groups in out.items()}
+
+
+def blimp_markdown(table: dict, levels: tuple[str, ...] = LEVELS) -> str:
+    """One table per level: groups down, rows across, accuracy (interval)."""
+    if not table:
+        return ""
+    rows = sorted({row for groups in table.values() for g in groups.values() for row in g})
+    parts = []
+    for lv in levels:
+        groups = table[lv]
+        lines = [
+            f"BLiMP by {lv} (accuracy x 100, 95% interval over pairs)",
+            "",
+            f"| {lv} | pairs | " + " | ".join(rows) + " |",
+            "|" + "---|" * (len(rows) + 2),
+        ]
+        for name, by_row in sorted(groups.items()):
+            cells = []
+            for row in rows:
+                c = by_row.get(row)
+                cells.append(
+                    "–"
+                    if c is None
+                    else f"{c['accuracy']:.1f}" + (f" ({c['ci'][0]:.1f}, {c['ci'][1]:.1f})" if c["ci"] else "")
+                )
+            pairs = next(iter(by_row.values()))["pairs"]
+            lines.append(f"| {name} | {pairs} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+class Blimp(Evaluation):
+    """``task=blimp``: every minimal pair scored by the objective the encoder was pretrained with."""
+
+    fine_tuned = False
+    seeded = False  # deterministic: scored once per encoder
+    rank = 80
+
+    @property
+    def display(self) -> str:
+        return "BLiMP"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return ("accuracy",)
+
+    @property
+    def data(self) -> str:
+        return "blimp"
+
+    def data_files(self, cfg: DictConfig) -> list[Path] | None:
+        b = cfg.blimp
+        root = data_root(b.source, b.data_dir, cfg.cache_dir, plain_or_none(b.get("synthetic")))
+        return None if root is None else sorted(root.glob("*.jsonl"))
+
+    def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
+        return {**run_task(cfg, model), "no_skill": {"accuracy": 0.5}}
+
+    @classmethod
+    def sections(cls, results, rows, encoder_id, level) -> list[Section]:
+        table = blimp_table(results, rows, encoder_id, level)
+        if not table:
+            return []
+        summary = blimp_markdown(table, ("field",)) + "\n\n(by phenomenon and paradigm: blimp.md)"
+        return [Section("blimp", table, blimp_markdown(table), summary)]
+
+
+__all__ = [
+    "Blimp",
+    "BlimpDataError",
+    "Pair",
+    "SYNTHETIC_PARADIGMS",
+    "SyntheticPairs",
+    "blimp_markdown",
+    "blimp_table",
+    "breakdown",
+    "data_root",
+    "encode",
+    "run_task",
+    "evaluate",
+    "load_pairs",
+    "read_hub",
+    "read_local",
+    "score",
+]

@@ -22,16 +22,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
-from pretrainlab import atomic
+from pretrainlab import atomic, figures
 from pretrainlab.config import plain_or_none
 from pretrainlab.data.hashing import fingerprint
+from pretrainlab.evaluation.base import Evaluation, Section, get
 from pretrainlab.model.encoder import Encoder
 
 log = logging.getLogger("pretrainlab")
@@ -224,18 +227,18 @@ def run_task(cfg, model) -> dict:
     }
     batch = 64
     if cfg.task.name == "probe_ner":
-        from pretrainlab.evaluation import ner
+        from pretrainlab.evaluation import conll
         from pretrainlab.evaluation.tagging import encode_words, label_set
 
         n = cfg.ner
         synthetic = plain_or_none(n.get("synthetic"))
         max_train = min(x for x in (cfg.task.get("max_train_examples"), n.get("max_train_examples"), 10**12) if x)
-        splits, digests = ner.load(
+        splits, digests = conll.load(
             n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples")
         )
         labels = label_set(splits["train"])
         label_ids = {label: i for i, label in enumerate(labels)}
-        train_y = np.asarray([label_ids[t] for _, tags in splits["train"] for t in ner.to_iob2(tags)])
+        train_y = np.asarray([label_ids[t] for _, tags in splits["train"] for t in conll.to_iob2(tags)])
         gold = [tags for _, tags in splits["validation"]]
 
         def compute() -> dict[str, np.ndarray]:
@@ -256,7 +259,7 @@ def run_task(cfg, model) -> dict:
             for words, _ in splits["validation"]:
                 tags.append([labels[int(p)] for p in pred[k : k + len(words)]])
                 k += len(words)
-            return ner.scores(gold, tags)["f1"]
+            return conll.scores(gold, tags)["f1"]
 
         source, classes, metric = n.source, len(labels), "f1"
         train_n, eval_n = len(splits["train"]), len(gold)
@@ -314,4 +317,150 @@ def run_task(cfg, model) -> dict:
     }
 
 
-__all__ = ["Probe", "cached", "fit_probe", "predict", "probe_all", "run_task", "sentence_features", "word_features"]
+# --- its place in a comparison ----------------------------------------------------------------------------
+def probe_table(results: list[dict], rows: dict[str, str], encoder_id) -> dict:
+    """{task: {row: {"probes": {name: mean score x 100}, "mix_weights": [...], "runs": n}}}."""
+    acc: dict = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if r.get("probes"):
+            acc[r["task"]][rows[encoder_id(r)]].append(r)
+    out: dict = {}
+    for task, by_row in sorted(acc.items()):
+        out[task] = {}
+        for row, rs in sorted(by_row.items()):
+            names = list(rs[0]["probes"])
+            weights = [r["mix_weights"] for r in rs if r.get("mix_weights")]
+            out[task][row] = {
+                "probes": {n: 100.0 * float(np.mean([r["probes"][n] for r in rs])) for n in names},
+                "mix_weights": [float(w) for w in np.mean(weights, axis=0)] if weights else None,
+                "runs": len(rs),
+            }
+    return out
+
+
+def probe_markdown(table: dict) -> str:
+    """Per probe task: rows down, probes across (each layer, the last four, the scalar mix)."""
+    parts = []
+    for task, by_row in table.items():
+        names = list(next(iter(by_row.values()))["probes"])
+        lines = [
+            f"{get(task).display}: frozen-feature probes (dev score x 100, mean over encoders and seeds; "
+            f"layer 0 = embeddings; the task's score is last4)",
+            "",
+            "| encoder | " + " | ".join(n.replace("layer_", "L") for n in names) + " | mix weights |",
+            "|" + "---|" * (len(names) + 2),
+        ]
+        for row, t in by_row.items():
+            weights = " ".join(f"{w:.2f}" for w in t["mix_weights"]) if t["mix_weights"] else "–"
+            lines.append(f"| {row} | " + " | ".join(f"{t['probes'][n]:.1f}" for n in names) + f" | {weights} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def plot_probes(table: dict, path: Path) -> Path:
+    """One panel per probe task: each row's score by layer (a line), the last four and the mix as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(table), figsize=(6.0 * len(table), 4.2), squeeze=False)
+    for ax, (task, by_row) in zip(axes[0], table.items()):
+        for row, t in by_row.items():
+            layers = [(int(n.split("_")[1]), v) for n, v in t["probes"].items() if n.startswith("layer_")]
+            x, y = zip(*sorted(layers))
+            (line,) = ax.plot(x, y, marker="o", label=row)
+            top = max(x) + 1
+            ax.scatter([top], [t["probes"]["last4"]], marker="s", color=line.get_color())
+            ax.scatter([top + 1], [t["probes"]["mix"]], marker="^", color=line.get_color())
+        ticks = sorted({int(n.split("_")[1]) for t in by_row.values() for n in t["probes"] if n.startswith("layer_")})
+        ax.set_xticks([*ticks, ticks[-1] + 1, ticks[-1] + 2], [*map(str, ticks), "last4", "mix"])
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_ylabel("dev score (x 100)")
+        ax.set_title(f"{get(task).display}: linear probes on frozen features")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return figures.save(fig, path)
+
+
+class ProbeTask(Evaluation):
+    """``task=probe_ner`` (CoNLL-2003's entities, word features) or ``task=probe_sst2`` (GLUE's SST-2,
+    sentence features): linear probes on the frozen encoder's layers; the score is the last four
+    layers' (see the module docstring)."""
+
+    fine_tuned = False
+    rank = 90
+
+    @property
+    def reads(self) -> str:
+        """Its data: ``ner`` (CoNLL-2003) or a GLUE task's name."""
+        return self.name.removeprefix("probe_")
+
+    @property
+    def display(self) -> str:
+        if self.reads == "ner":
+            return "NER probe"
+        from pretrainlab.glue.tasks import get_task
+
+        return f"{get_task(self.reads).directory} probe"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return ("f1",) if self.reads == "ner" else ("accuracy",)
+
+    @property
+    def data(self) -> str:
+        return "ner" if self.reads == "ner" else "glue"
+
+    @property
+    def group(self) -> str:
+        return "probes"
+
+    def data_files(self, cfg: DictConfig) -> list[Path] | None:
+        block = cfg[self.data]
+        synthetic = plain_or_none(block.get("synthetic"))
+        if self.reads == "ner":
+            from pretrainlab.evaluation import conll
+
+            root = conll.data_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
+            return None if root is None else list(conll.split_files(root).values())
+        from pretrainlab.glue.data import glue_root
+        from pretrainlab.glue.tasks import get_task
+
+        spec = get_task(self.reads)
+        root = glue_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
+        if root is None:
+            return None
+        names = ["train.tsv", *(f for f, _ in spec.eval_splits.values())]
+        return [root / spec.directory / n for n in names if (root / spec.directory / n).is_file()]
+
+    def file_key(self, path: Path) -> str:
+        return path.name if self.reads == "ner" else f"{path.parent.name}/{path.name}"
+
+    def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
+        return run_task(cfg, model)
+
+    @classmethod
+    def sections(cls, results, rows, encoder_id, level) -> list[Section]:
+        table = probe_table(results, rows, encoder_id)
+        if not table:
+            return []
+        markdown = probe_markdown(table)
+        return [Section("probes", table, markdown, markdown, lambda path: plot_probes(table, path))]
+
+
+__all__ = [
+    "Probe",
+    "ProbeTask",
+    "cached",
+    "fit_probe",
+    "plot_probes",
+    "predict",
+    "probe_markdown",
+    "probe_table",
+    "probe_all",
+    "run_task",
+    "sentence_features",
+    "word_features",
+]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 
-from pretrainlab.evaluation.ner import Sentence, scores, to_iob2
+from pretrainlab.evaluation.conll import Sentence, scores, to_iob2
 from pretrainlab.finetuning.module import Trainable
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.model.heads import IGNORE

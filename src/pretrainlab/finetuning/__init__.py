@@ -1,6 +1,6 @@
-"""Fine-tuning: a pretrained (or freshly initialised) encoder on one GLUE task.
+"""Fine-tuning machinery that every fine-tuned evaluation shares (``pretrainlab.evaluation``):
 
 encoders.py  which encoder (a run, an export, hf:<dir>, scratch), loaded, and its identity
-run.py       compose and run one (task, seed); results.json
-module.py    FinetuneModule: classifier on the pooled [CLS], dev metrics per epoch
+module.py    Trainable: the LightningModule base of every fine-tuned head (optimizer, dev metrics per epoch)
+loop.py      Job and Fitting: train a head with its encoder for task.epochs, evaluating after each
 """

@@ -1,10 +1,6 @@
-"""Fine-tuned heads on a pretrained (or freshly initialised) encoder. ``FinetuneModule``: a
-classifier on the pooled ``[CLS]`` output, for one GLUE task (``pretrainlab.evaluation.tagging``
-has the token tagger).
-
-Classification trains with cross-entropy, STS-B (one output) with mean squared error. The dev
-sets are scored at the end of every epoch with the task's GLUE metrics over the *whole* dev set
-(predictions gathered across ranks and de-duplicated by example index), logged as
+"""What every fine-tuned head on a pretrained (or freshly initialised) encoder shares: ``Trainable``.
+The heads themselves belong to their evaluations (GLUE's classifier, the NER tagger, SQuAD's span
+head: ``pretrainlab.evaluation``). Their dev sets are scored at the end of every epoch, logged as
 ``val/<metric>`` and kept in ``history``.
 """
 
@@ -14,13 +10,9 @@ from collections.abc import Callable
 from typing import cast
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from pretrainlab.glue.metrics import compute
-from pretrainlab.glue.tasks import TaskSpec
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.loggers import log_interval
@@ -123,68 +115,4 @@ class Trainable(L.LightningModule):
         }
 
 
-class FinetuneModule(Trainable):
-    """A classifier on the pooled ``[CLS]`` output for one GLUE task."""
-
-    def __init__(
-        self,
-        encoder: Encoder,
-        spec: TaskSpec,
-        optim: OptimConfig,
-        total_steps: int,
-        classifier_dropout: float = 0.1,
-        eval_splits: list[str] | None = None,
-        compile: dict | None = None,
-    ):
-        super().__init__(encoder, optim, total_steps, compile)
-        h = encoder.config.hidden_size
-        # encoders exported without a pooler (add_pooler=false) get a fresh one: dense + tanh on [CLS]
-        self.pooler = None if encoder.pooler is not None else nn.Linear(h, h)
-        self.dropout = nn.Dropout(classifier_dropout)
-        self.classifier = nn.Linear(h, spec.num_labels)
-        for layer in [self.classifier] + ([self.pooler] if self.pooler is not None else []):
-            nn.init.normal_(layer.weight, std=encoder.config.initializer_range)
-            nn.init.zeros_(layer.bias)
-        self.spec = spec
-        self.eval_splits = eval_splits or list(spec.eval_splits)
-
-    def logits(self, batch: dict) -> torch.Tensor:
-        out = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        pooled = out.pooled if self.pooler is None else torch.tanh(self.pooler(out.hidden_states[:, 0]))
-        logits = self.classifier(self.dropout(pooled)).float()
-        return logits.squeeze(-1) if self.spec.is_regression else logits
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.spec.is_regression:
-            return F.mse_loss(logits, labels.float())
-        return F.cross_entropy(logits, labels)
-
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        logits = self(batch)
-        pred = logits if self.spec.is_regression else logits.argmax(-1)
-        self._outputs.setdefault(dataloader_idx, []).append(
-            (batch["index"], pred.detach().float(), batch["labels"].float())
-        )
-
-    def evaluate(self, outputs: dict[int, list]) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        for i, split in enumerate(self.eval_splits):
-            outs = outputs.get(i, [])
-            if not outs:
-                continue
-            index = torch.cat([o[0] for o in outs])
-            pred = torch.cat([o[1] for o in outs])
-            label = torch.cat([o[2] for o in outs])
-            if self.trainer.world_size > 1:  # every rank scores the whole dev set
-                index, pred, label = (self._all_gather(x).flatten(0, 1) for x in (index, pred, label))
-            _, first = np.unique(index.cpu().numpy(), return_index=True)  # a distributed sampler repeats a few
-            predicted, gold = pred.cpu().numpy()[first], label.cpu().numpy()[first]
-            if not self.spec.is_regression:
-                predicted, gold = predicted.astype(np.int64), gold.astype(np.int64)
-            suffix = self.spec.eval_splits[split][1]
-            for name, value in compute(list(self.spec.metrics), predicted, gold).items():
-                metrics[f"{name}{suffix}"] = value
-        return metrics
-
-
-__all__ = ["FinetuneModule", "Trainable"]
+__all__ = ["Trainable"]

@@ -3,6 +3,7 @@ suite, and encode it as ``[CLS] A [SEP] (B [SEP])`` with segment ids for the fin
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from tokenizers import Tokenizer
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.data.sources import local_root
 from pretrainlab.glue.tasks import TaskSpec
+from pretrainlab.runtime.signals import worker_init
 from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
@@ -157,7 +159,7 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
     return out
 
 
-def _local_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
+def glue_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
     """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into
     ``cache_dir`` first); None for the hub."""
     from pretrainlab.glue.synthetic import SyntheticGlue
@@ -181,7 +183,7 @@ def load_task(
     """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
     else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
     back as a local directory)."""
-    root = _local_root(source, data_dir, cache_dir, synthetic)
+    root = glue_root(source, data_dir, cache_dir, synthetic)
     return read_hub(spec) if root is None else read_local(spec, root)
 
 
@@ -196,7 +198,7 @@ def data_digests(
     the identity of the data a result is computed on; None for the hub, whose datasets are versioned."""
     from pretrainlab.data.hashing import file_digest
 
-    root = _local_root(source, data_dir, cache_dir, synthetic)
+    root = glue_root(source, data_dir, cache_dir, synthetic)
     if root is None:
         return None
     names = ["train.tsv", *(filename for filename, _ in spec.eval_splits.values())]
@@ -307,3 +309,19 @@ def collate(items: list, pad_id: int, multiple: int = 1) -> dict[str, torch.Tens
     labels = torch.as_tensor(np.asarray([x[3] for x in items]))
     index = torch.as_tensor([x[0] for x in items], dtype=torch.long)
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels, "index": index}
+
+
+def eval_loader(
+    split: EncodedSplit, batch_size: int, pad_id: int, num_workers: int = 0, multiple: int = 1
+) -> torch.utils.data.DataLoader:
+    """A dev set's batches, its examples in order of length: each batch is padded to its longest,
+    so little padding is computed. Predictions are matched to examples by index, so the order
+    changes no metric."""
+    return torch.utils.data.DataLoader(
+        EncodedDataset(split),
+        batch_size=batch_size,
+        sampler=sorted(range(len(split)), key=lambda i: len(split.ids[i])),
+        collate_fn=functools.partial(collate, pad_id=pad_id, multiple=multiple),
+        num_workers=num_workers,
+        worker_init_fn=worker_init,
+    )

@@ -19,6 +19,8 @@ log = logging.getLogger("pretrainlab")
 # what an offline GPU node with torch, lightning, transformers, tokenizers, numpy, pandas, pyarrow and
 # scipy lacks of what a slot imports (hydra's antlr4 runtime is published as a source distribution only)
 NODE_LACKS = ("hydra-core", "omegaconf", "antlr4-python3-runtime")
+# where ../shared/data keeps each block of evaluation data (an evaluation's `data`: glue, ner, blimp, ...)
+SHARED_LAYOUT = {"glue": "glue", "ner": "conll2003", "blimp": "blimp", "squad": "squad"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,15 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     pack = sub.add_parser("pack", help="pack what the slot's study reads into one .tar.xz")
-    pack.add_argument(
-        "--data", type=Path, help="a folder with corpus/gutenberg, glue, blimp and conll2003 (../shared/data)"
-    )
+    pack.add_argument("--data", type=Path, help="a folder in ../shared/data's layout (corpus/, glue, blimp, conll2003)")
     pack.add_argument(
         "--corpus", type=Path, help="the pretraining corpus (.txt files; default <data>/corpus/gutenberg)"
     )
-    pack.add_argument("--glue-dir", type=Path, help="GLUE in download_glue_data.py's layout (default <data>/glue)")
-    pack.add_argument("--blimp-dir", type=Path, help="BLiMP's <paradigm>.jsonl files (default <data>/blimp)")
-    pack.add_argument("--conll-dir", type=Path, help="CoNLL-2003's train and dev files (default <data>/conll2003)")
+    pack.add_argument(
+        "--data-dir",
+        action="append",
+        default=[],
+        metavar="BLOCK=DIR",
+        help="the folder of one block of evaluation data (glue=..., ner=..., blimp=...); default: in --data",
+    )
     pack.add_argument("--out", type=Path, required=True, help="the archive to write (.tar.xz; never replaced)")
     pack.add_argument("--max-mib", type=float, default=32.0, help="refuse an archive larger than this (MiB)")
     pack.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. evals=[glue]")
@@ -86,17 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         data = args.data
         corpus = args.corpus or (data / "corpus" / "gutenberg" if data else None)
         if corpus is None:
-            raise SystemExit("pack: give --data (a folder in ../shared/data's layout) or --corpus and the others.")
+            raise SystemExit("pack: give --data (a folder in ../shared/data's layout) or --corpus and --data-dir.")
+        dirs = {block: data / folder for block, folder in SHARED_LAYOUT.items() if data and (data / folder).is_dir()}
+        for given in args.data_dir:
+            block, _, folder = given.partition("=")
+            if not folder:
+                raise SystemExit(f"pack: --data-dir {given!r}: write BLOCK=DIR, e.g. glue=../shared/data/glue.")
+            dirs[block] = Path(folder)
         cfg = compose_study(Path("inputs"), 0, Path("runs/slots"), args.overrides)
-        pack(
-            cfg,
-            args.out,
-            corpus,
-            args.glue_dir or (data / "glue" if data else None),
-            args.blimp_dir or (data / "blimp" if data else None),
-            args.conll_dir or (data / "conll2003" if data else None),
-            args.max_mib,
-        )
+        pack(cfg, args.out, corpus, dirs, args.max_mib)
     elif args.command == "wheels":
         download_wheels(args.out, args.also)
     elif args.command == "run":

@@ -5,9 +5,9 @@ runs on (``python -m pretrainlab.slot pack``):
                                 where each part came from, when, by which code
     inputs/corpus/              the pretraining corpus, tokenized (``data.packed``): the slot's
                                 machine needs neither the text nor the time to tokenize it
-    inputs/glue/<Task>/         the GLUE tasks of the study, their files as released (train and dev)
-    inputs/blimp/*.jsonl        BLiMP's paradigms, as released
-    inputs/conll2003/           CoNLL-2003's train and dev files, as released
+    inputs/<block>/             every file the study's evaluations read, as released, in the layout of
+                                its folder: inputs/glue/<Task>/{train,dev}.tsv, inputs/blimp/*.jsonl,
+                                inputs/ner/{train,dev}.txt (a block is an evaluation's data settings)
 
 Evaluation files are copied byte for byte, so their digests, which every result records, are those
 of the files they came from. The archive is checked against a size limit when it is written, and
@@ -47,77 +47,78 @@ def _tokenizer_overrides(cfg: DictConfig) -> list[str]:
     return [str(o) for o in probe.pretrain if str(o).split("=", 1)[0].strip("+~").startswith("tokenizer")]
 
 
-def _glue_tasks(cfg: DictConfig) -> list[str]:
+def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, list[tuple[Path, Path]]]:
+    """Every local file the slot study ``cfg`` evaluates on, by data block: (the file, its folder in
+    ``data_dirs``), as each evaluation says it reads them (``Evaluation.data_files``)."""
+    from pretrainlab.evaluation.base import get
+    from pretrainlab.runtime.hydra import compose
     from pretrainlab.studies.ablation import study_tasks
 
     tasks = study_tasks(cfg)
-    glue = [t for t in tasks if t in _glue_names()]
-    if "probe_sst2" in tasks and "sst2" not in glue:
-        glue.append("sst2")  # the SST-2 probe reads GLUE's SST-2
-    return glue
-
-
-def _glue_names() -> set[str]:
-    from pretrainlab.glue.tasks import TASKS
-
-    return set(TASKS)
+    missing = sorted({get(t).data for t in tasks} - set(data_dirs))
+    if missing:
+        reads = {b: [t for t in tasks if get(t).data == b] for b in missing}
+        raise InputsError(
+            "the study evaluates on data it was not given: "
+            + "; ".join(f"{', '.join(ts)} read {b} data" for b, ts in reads.items())
+            + ". Give --data-dir "
+            + " ".join(f"{b}=<folder>" for b in missing)
+            + " (or --data, a folder in ../shared/data's layout)."
+        )
+    probe = cfg.copy()
+    probe.budget_flops = 1.0  # not known yet, and not the evaluations'
+    gcfg, _ = compose("glue", [*probe.glue.overrides, *(f'++{b}.data_dir="{d}"' for b, d in data_dirs.items())])
+    out: dict[str, list[tuple[Path, Path]]] = {}
+    for t in tasks:
+        evaluation = get(t)
+        root = Path(data_dirs[evaluation.data]).expanduser()
+        for f in evaluation.data_files(gcfg) or []:
+            out.setdefault(evaluation.data, []).append((f, root))
+    return {b: list(dict.fromkeys(fs)) for b, fs in out.items()}
 
 
 def pack(
     cfg: DictConfig,
     out: str | Path,
     corpus: str | Path,
-    glue_dir: str | Path | None,
-    blimp_dir: str | Path | None,
-    conll_dir: str | Path | None,
+    data_dirs: dict[str, Path],
     max_mib: float = 32.0,
 ) -> dict:
     """Pack what the slot study ``cfg`` reads into the archive ``out`` (``.tar.xz``, at most ``max_mib``
-    MiB; a file already there is refused, not replaced); returns its manifest."""
+    MiB; a file already there is refused, not replaced): its corpus, tokenized, and the files of its
+    evaluations, from ``data_dirs`` (data block -> folder: ``glue``, ``ner``, ``blimp``, ...), kept in
+    ``inputs/<block>/`` as they are laid out there. Returns the manifest."""
+    from hydra.utils import instantiate
+
     from pretrainlab.data.packed import pack_corpus
     from pretrainlab.data.pipeline import PretrainData
-    from pretrainlab.evaluation.ner import split_files
-    from pretrainlab.glue.tasks import get_task
     from pretrainlab.runtime.hydra import compose
     from pretrainlab.slot.code import code_version
-    from pretrainlab.studies.ablation import study_tasks
 
     out = Path(out)
     if out.exists():
         raise InputsError(f"{out} exists: pack into a new file (nothing is replaced).")
     if not str(out).endswith(".tar.xz"):
         raise InputsError(f"{out}: name the archive <name>.tar.xz.")
-    tasks = study_tasks(cfg)
-    glue_tasks = _glue_tasks(cfg)
-    blimp = "blimp" in tasks
-    conll = any(t in tasks for t in ("ner", "probe_ner"))
-    for what, path, needed in (
-        ("glue_dir", glue_dir, bool(glue_tasks)),
-        ("blimp_dir", blimp_dir, blimp),
-        ("conll_dir", conll_dir, conll),
-    ):
-        if needed and not path:
-            raise InputsError(f"the study evaluates on what {what} holds: give --{what.replace('_', '-')}.")
+    wanted = evaluation_files(cfg, data_dirs)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="pretrainlab-pack-") as tmp:
         root = Path(tmp) / "inputs"
         root.mkdir()
         files: dict[str, str] = {}
-
-        def copy(src: Path, rel: str) -> None:
-            if not src.is_file():
-                raise InputsError(f"{src} does not exist: it is one of the files the study reads.")
-            dst = root / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-            files[rel] = file_digest(dst)
+        for block, found in wanted.items():
+            for src, folder in found:
+                if not src.is_file():
+                    raise InputsError(f"{src} does not exist: it is one of the files the study reads.")
+                rel = f"{block}/{src.resolve().relative_to(folder.resolve()).as_posix()}"
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, root / rel)
+                files[rel] = file_digest(root / rel)
 
         # the corpus, tokenized as the study's runs tokenize it
         train_cfg, _ = compose(
             "train", ["data=text", f"data.files=[{Path(corpus).resolve()}]", *_tokenizer_overrides(cfg)]
         )
-        from hydra.utils import instantiate
-
         spec = instantiate(train_cfg.tokenizer)
         data = PretrainData(
             instantiate(train_cfg.data), spec, train_cfg.cache_dir, train_cfg.val_fraction, train_cfg.split_seed
@@ -125,34 +126,13 @@ def pack(
         pack_corpus(root / "corpus", data.tokenized, data.tokenizer, spec, data.corpus.key(), data.corpus.describe())
         for f in sorted((root / "corpus").iterdir()):
             files[f"corpus/{f.name}"] = file_digest(f)
-        for name in glue_tasks:
-            spec_ = get_task(name)
-            for filename in ["train.tsv", *(f for f, _ in spec_.eval_splits.values())]:
-                copy(
-                    Path(str(glue_dir)).expanduser() / spec_.directory / filename, f"glue/{spec_.directory}/{filename}"
-                )
-        if blimp:
-            paradigms = sorted(Path(str(blimp_dir)).expanduser().glob("*.jsonl"))
-            if not paradigms:
-                raise InputsError(f"--blimp-dir {blimp_dir}: no <paradigm>.jsonl files there.")
-            for f in paradigms:
-                copy(f, f"blimp/{f.name}")
-        if conll:
-            for f in split_files(Path(str(conll_dir)).expanduser()).values():
-                copy(f, f"conll2003/{f.name}")
         corpus_manifest = json.loads((root / "corpus" / "corpus.json").read_text())
         manifest: dict = {
             "format": FORMAT,
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "code": code_version(),
             "corpus": {k: corpus_manifest[k] for k in ("source_description", "tokenizer", "documents", "tokens")},
-            "glue_tasks": glue_tasks,
-            "sources": {
-                "corpus": str(corpus),
-                "glue": str(glue_dir) if glue_tasks else None,
-                "blimp": str(blimp_dir) if blimp else None,
-                "conll2003": str(conll_dir) if conll else None,
-            },
+            "sources": {"corpus": str(corpus), **{b: str(data_dirs[b]) for b in wanted}},
             "files": dict(sorted(files.items())),
         }
         (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -253,4 +233,4 @@ def unpack(archive: str | Path, into: str | Path) -> tuple[Path, dict]:
     return root, manifest
 
 
-__all__ = ["InputsError", "digest", "pack", "safe_extract", "unpack"]
+__all__ = ["InputsError", "digest", "evaluation_files", "pack", "safe_extract", "unpack"]

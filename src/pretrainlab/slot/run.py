@@ -36,7 +36,18 @@ from pretrainlab.config import ConfigError
 log = logging.getLogger("pretrainlab")
 
 # study settings that say where things are or how fast they go, not what the experiment is
-HOW = ("seeds", "output_root", "corpus", "glue_dir", "blimp_dir", "conll_dir", "budget_flops", "jobs", "slot")
+HOW = (
+    "seeds",
+    "output_root",
+    "corpus",
+    "glue_dir",
+    "blimp_dir",
+    "conll_dir",
+    "data_dirs",
+    "budget_flops",
+    "jobs",
+    "slot",
+)
 
 
 @dataclass
@@ -79,16 +90,10 @@ def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> 
     its directories under ``work``, its data from the unpacked ``inputs``."""
     from pretrainlab.runtime.hydra import compose
 
-    located = [
-        f"seeds=[{seed}]",
-        f"output_root={work}",
-        f"corpus={inputs / 'corpus'}",
-        f"glue_dir={inputs / 'glue'}",
-    ]
-    if (inputs / "blimp").is_dir():
-        located.append(f"blimp_dir={inputs / 'blimp'}")
-    if (inputs / "conll2003").is_dir():
-        located.append(f"conll_dir={inputs / 'conll2003'}")
+    located = [f"seeds=[{seed}]", f"output_root={work}", f"corpus={inputs / 'corpus'}"]
+    # every other folder of the inputs holds one block of evaluation data (inputs.pack): glue, ner, blimp, ...
+    blocks = sorted(d.name for d in inputs.iterdir() if d.is_dir() and d.name != "corpus") if inputs.is_dir() else []
+    located += [f'++data_dirs.{block}="{inputs / block}"' for block in blocks]
     cfg, _ = compose("ablate_slot", [*overrides, *located])
     return cfg
 

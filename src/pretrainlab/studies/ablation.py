@@ -24,7 +24,7 @@ Before anything runs, whatever is already there is checked against the study's s
 pretraining run made (or started) with other settings (any key of the composed pretraining config
 that changes the encoder, the corpus files and the tokenizer included: ``pretraining.record``), and
 GLUE results of another encoder, other fine-tuning settings or other data files
-(``glue.results``), are refused with what differs, instead of being reported as this study's. One
+(``evaluation.results``), are refused with what differs, instead of being reported as this study's. One
 process at a time runs a study: its directory is locked. A signal (SIGTERM, Ctrl-C) stops the study
 with a non-zero status and the command that continues it.
 
@@ -42,8 +42,8 @@ from omegaconf import DictConfig
 
 from pretrainlab.compare import collect, is_final, to_markdown, write_report
 from pretrainlab.config import ConfigError, plain
-from pretrainlab.evaluation.tasks import get as get_task
-from pretrainlab.glue.results import ResultError, is_results_file
+from pretrainlab.evaluation.base import resolve
+from pretrainlab.evaluation.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
@@ -67,22 +67,10 @@ from pretrainlab.studies.suite import plan_suite, run_suite
 log = logging.getLogger("pretrainlab")
 
 
-# what each entry of a study's ``evals`` evaluates (glue: the tasks of glue.tasks)
-EVALS = {"ner": ["ner"], "blimp": ["blimp"], "probes": ["probe_ner", "probe_sst2"]}
-
-
 def study_tasks(cfg: DictConfig) -> list[str]:
-    """The evaluation tasks of the study: ``glue.tasks`` for ``glue``, and those of every other entry of
-    ``evals`` (ner, blimp, probes)."""
-    evals = list(cfg.get("evals") or ["glue"])
-    unknown = [e for e in evals if e != "glue" and e not in EVALS]
-    if unknown:
-        raise ValueError(
-            f"evals={evals}: {', '.join(map(repr, unknown))} is not an evaluation; choose among glue, "
-            f"{', '.join(EVALS)} (conf/ablate.yaml or the command line)."
-        )
-    tasks = [t for e in evals for t in (list(cfg.glue.tasks) if e == "glue" else EVALS[e])]
-    return list(dict.fromkeys(get_task(t).name for t in tasks))
+    """The evaluation tasks of the study: every entry of ``evals`` (a group of evaluations, ``glue``
+    standing for the tasks of ``glue.tasks``, or a task of ``conf/task/``: ``evaluation.base.resolve``)."""
+    return resolve(list(cfg.get("evals") or ["glue"]), list(cfg.glue.tasks))
 
 
 def suite_label(root: Path, encoder: Path, init: str) -> str:

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pretrainlab import atomic
-from pretrainlab.glue.results import is_results_file
+from pretrainlab.evaluation.results import is_results_file
 
 RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
 # a run brought back without its weights (``pretrainlab.slot``) keeps its export's config.json under this name

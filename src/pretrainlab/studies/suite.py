@@ -1,12 +1,12 @@
-"""The evaluation suite: one encoder, several tasks and seeds, resumable. Tasks are GLUE's nine, named
-entities (``ner``), minimal pairs (``blimp``) and frozen-feature probes (``probe_ner``,
-``probe_sst2``): see ``pretrainlab.evaluation.tasks``.
+"""The evaluation suite: one encoder, several tasks and seeds, resumable. A task is any evaluation of
+``conf/task/`` (GLUE's nine, named entities, minimal pairs, frozen-feature probes, ...: see
+``pretrainlab.evaluation.base``).
 
 Results go to ``<output_dir>/<task>/seed<k>.json`` (the run's own files, W&B included, to
 ``<output_dir>/<task>/seed<k>/``); by default ``<run>/glue/`` for GLUE's tasks and ``<run>/eval/``
 for the others. A (task, seed) whose results file exists is not run again, so an interrupted suite
 continues where it stopped; a zero-shot task runs once. Before anything runs, every finished result
-is checked (``pretrainlab.glue.results``): it must be complete and finite, of this encoder (by the
+is checked (``pretrainlab.evaluation.results``): it must be complete and finite, of this encoder (by the
 hash of its weights, not its path: a run directory pretrained again holds another encoder), made
 with this suite's settings (the task's recipe, its data settings, the optimizer) and on the same
 data files; anything else is refused rather than reported beside new results. ``summary.json`` /
@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.compare import aggregate, as_final, to_markdown
 from pretrainlab.config import plain
-from pretrainlab.evaluation import tasks as evaluations
+from pretrainlab.evaluation import base as evaluations
+from pretrainlab.evaluation import run as evaluation
+from pretrainlab.evaluation.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
-from pretrainlab.finetuning import run as finetuning
 from pretrainlab.finetuning.encoders import encoder_identity
-from pretrainlab.glue.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
 from pretrainlab.runtime.rundir import lock, unlock
@@ -42,8 +42,8 @@ log = logging.getLogger("pretrainlab")
 
 
 def task_config(name: str, overrides: dict | None = None, conf_dir: Path = CONF) -> DictConfig:
-    """conf/task/<name>.yaml, with the non-null ``overrides`` applied to a fine-tuned task (GLUE,
-    NER): a recipe override (lr, epochs, ...) is not a probe's or a zero-shot task's."""
+    """conf/task/<name>.yaml, with the non-null ``overrides`` applied to a fine-tuned task: a recipe
+    override (lr, epochs, ...) is not a probe's or a zero-shot task's."""
     task = evaluations.get(name)
     cfg = cast(DictConfig, OmegaConf.load(conf_dir / "task" / f"{task.name}.yaml"))
     if task.fine_tuned:
@@ -56,7 +56,7 @@ def task_config(name: str, overrides: dict | None = None, conf_dir: Path = CONF)
 def default_output_dir(pretrained: str, init: str, family: str = "glue") -> Path:
     """``<pretraining run>/<family>`` (``<family>-scratch`` for init=scratch); for an export directory
     outside a run, ``<export dir>/<family>``; for ``hf:<dir>``, ``runs/<family>/hf-<name>``. The family
-    is ``glue`` for GLUE's tasks, ``eval`` for the others (NER, BLiMP, probes)."""
+    is the evaluation's (``Evaluation.family``: ``glue`` for GLUE's tasks, ``eval`` for the others)."""
     suffix = f"{family}-scratch" if init == "scratch" else family
     if str(pretrained).startswith("hf:"):
         name = model_name(Path(str(pretrained)[3:]).expanduser())
@@ -70,7 +70,7 @@ def output_dir_of(task: evaluations.Evaluation, cfg: DictConfig, output_dir: str
     """Where ``task``'s results go: ``output_dir`` when given, else the encoder's default for its family."""
     if output_dir:
         return Path(output_dir)
-    return default_output_dir(cfg.pretrained, cfg.init, "glue" if task.kind == "glue" else "eval")
+    return default_output_dir(cfg.pretrained, cfg.init, task.family)
 
 
 @dataclass
@@ -120,7 +120,7 @@ def plan_suite(
                 check_encoder(done, identity, cfg.init, path)
                 check_settings(done, plain(run_cfg), path)
                 if digests is None:
-                    digests = evaluations.data_digests(task.name, run_cfg) or {}
+                    digests = task.digests(run_cfg) or {}
                 check_data(done, digests, path)
                 done = _relabel(done, identity, path)
             jobs.append(Job(run_cfg, out / task.name / f"seed{seed}", path, done))
@@ -171,7 +171,7 @@ def run_suite(
                 continue
             choices = {**hydra.choices(), "task": job.cfg.task.name}
             results.setdefault(out, []).append(
-                finetuning.run(job.cfg, job.run_dir, results_path=job.path, choices=choices, resume_hint=resume_hint)
+                evaluation.run(job.cfg, job.run_dir, results_path=job.path, choices=choices, resume_hint=resume_hint)
             )
         for out, rs in results.items():
             write_summary(rs, out)

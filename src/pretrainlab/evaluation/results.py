@@ -1,6 +1,6 @@
-"""GLUE results files, and the checks that decide whether a finished result may be reported.
+"""Results files of every evaluation, and the checks that decide whether a finished result may be reported.
 
-``finetuning.run`` writes one JSON file per (encoder, task, seed): ``results.json`` in its run
+``evaluation.run`` writes one JSON file per (encoder, task, seed): ``results.json`` in its run
 directory, or ``<suite>/<task>/seed<k>.json`` in a GLUE suite. A result is reported (by the suite
 that skips it as done, or by the comparison) only when
 
@@ -26,14 +26,14 @@ from pretrainlab.runtime.provenance import describe, differences
 
 # what a result depends on, beyond the encoder and the seed (trainer, logger and compile settings change
 # how it runs, not what it computes): the task's recipe, the optimizer, and the block of data settings
-# its task reads (glue, ner or blimp: see pretrainlab.evaluation.tasks)
+# its evaluation reads (``Evaluation.data``: glue, ner, blimp, ...)
 RESULT_SETTINGS = ("task", "optim")
 
 
 def settings_groups(task: str) -> tuple[str, ...]:
-    from pretrainlab.evaluation.tasks import EVALUATIONS
+    from pretrainlab.evaluation.base import get, known
 
-    return (*RESULT_SETTINGS, EVALUATIONS[task].data if task in EVALUATIONS else "glue")
+    return (*RESULT_SETTINGS, get(task).data if known(task) else "glue")
 
 
 # settings added since results were first written, with the value that results without them were made with

@@ -1,0 +1,303 @@
+"""CoNLL-2003 named entities, the data every NER evaluation reads (``ner``, ``probe_ner``): its files,
+entity chunks and F1 as ``conlleval`` counts them, and a synthetic NER set in the synthetic language.
+
+Files are the shared task's: one token per line, ``word POS chunk tag`` (the first field is the word,
+the last the tag), a blank line after each sentence, ``-DOCSTART-`` lines between documents (matched
+on the first field: the release writes them differently in train and test). Tags are IOB1 as
+released (an entity starts with ``I-X``; ``B-X`` only where it follows another ``X``) or IOB2 as the
+hub's ``conll2003`` gives them (every entity starts with ``B-X``). Both describe the same chunks,
+which is what is scored: :func:`chunks` follows conlleval's start-of-chunk and end-of-chunk rules, so
+either scheme (and a model's IOB2 predictions, ill-formed ones included) is read as conlleval reads
+it. The model is trained on IOB2 labels (:func:`to_iob2`).
+
+F1 is micro-averaged over entity chunks: a predicted chunk is correct when the gold has a chunk of
+the same type with the same start and end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pretrainlab import atomic
+from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
+from pretrainlab.data.sources import local_root
+
+log = logging.getLogger("pretrainlab")
+
+HUB_DATASET = "eriktks/conll2003"
+# the split files of a CoNLL-2003 directory, as this project's README names them and as the release does
+SPLIT_FILES = {"train": ("train.txt", "eng.train"), "validation": ("dev.txt", "eng.testa")}
+
+Sentence = tuple[list[str], list[str]]  # words, tags
+
+
+class ConllDataError(ValueError):
+    """A NER file that does not have the CoNLL layout."""
+
+
+def read_conll(path: str | Path, complete: bool = False) -> list[Sentence]:
+    """The sentences of a CoNLL file. A line with fewer than two fields is skipped with a warning in a
+    training file and fails the read when ``complete`` (evaluation files are read completely or
+    not at all)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}.")
+    sentences: list[Sentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    skipped = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                if words:
+                    sentences.append((words, tags))
+                words, tags = [], []
+                continue
+            if fields[0] == "-DOCSTART-":
+                continue
+            if len(fields) < 2:
+                if complete:
+                    raise ConllDataError(
+                        f"{path}, line {n}: {len(fields)} field(s); a CoNLL line is 'word ... tag'. "
+                        f"An evaluation file is read completely or not at all; repair the file."
+                    )
+                skipped.append(n)
+                continue
+            tag = fields[-1]
+            if tag != "O" and (len(tag) < 3 or tag[1] != "-" or tag[0] not in "BIES"):
+                raise ConllDataError(f"{path}, line {n}: tag {tag!r} is not O, B-<type> or I-<type> (IOB1 or IOB2).")
+            words.append(fields[0])
+            tags.append(tag)
+    if words:
+        sentences.append((words, tags))
+    if skipped:
+        log.warning("%s: skipped %d malformed line(s) (lines %s)", path, len(skipped), ", ".join(map(str, skipped[:5])))
+    if not sentences:
+        raise ConllDataError(f"{path} holds no sentences.")
+    return sentences
+
+
+def _split(tag: str) -> tuple[str, str]:
+    return ("O", "") if tag == "O" else (tag[0], tag[2:])
+
+
+def _starts(prev: str, prev_type: str, tag: str, type_: str) -> bool:
+    """conlleval's startOfChunk (B/I/E/S/O)."""
+    if tag in ("B", "S"):
+        return True
+    if tag in ("I", "E") and prev in ("O", "E", "S"):
+        return True
+    return tag != "O" and prev_type != type_
+
+
+def _ends(prev: str, prev_type: str, tag: str, type_: str) -> bool:
+    """conlleval's endOfChunk (B/I/E/S/O)."""
+    if prev in ("E", "S"):
+        return True
+    if prev in ("B", "I") and tag in ("B", "S", "O"):
+        return True
+    return prev != "O" and prev_type != type_
+
+
+def chunks(tags: list[str]) -> set[tuple[str, int, int]]:
+    """The entity chunks of one sentence, (type, first token, last token), as conlleval reads them."""
+    out = set()
+    prev, prev_type, start = "O", "", None
+    for i, t in enumerate([*tags, "O"]):
+        tag, type_ = _split(t)
+        if start is not None and _ends(prev, prev_type, tag, type_):
+            out.add((prev_type, start, i - 1))
+            start = None
+        if _starts(prev, prev_type, tag, type_):
+            start = i
+        prev, prev_type = tag, type_
+    return out
+
+
+def scores(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
+    """Entity-level micro precision, recall and F1 over sentences (``conlleval``'s numbers, as
+    fractions), and the counts they come from."""
+    if len(gold) != len(pred) or any(len(g) != len(p) for g, p in zip(gold, pred)):
+        raise ValueError("gold and predicted tags must have one tag per word")
+    correct = guessed = true = 0
+    for g, p in zip(gold, pred):
+        gc, pc = chunks(g), chunks(p)
+        correct += len(gc & pc)
+        guessed += len(pc)
+        true += len(gc)
+    precision = correct / guessed if guessed else 0.0
+    recall = correct / true if true else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1, "correct": correct, "guessed": guessed, "gold": true}
+
+
+def to_iob2(tags: list[str]) -> list[str]:
+    """The same chunks written IOB2 (every chunk starts with B-)."""
+    out = ["O"] * len(tags)
+    for type_, start, end in chunks(tags):
+        out[start] = f"B-{type_}"
+        for i in range(start + 1, end + 1):
+            out[i] = f"I-{type_}"
+    return out
+
+
+# --- sources ----------------------------------------------------------------------------------------------
+def split_files(root: Path) -> dict[str, Path]:
+    """The train and dev files of a CoNLL-2003 directory (``train.txt`` / ``dev.txt``, or the
+    release's ``eng.train`` / ``eng.testa``)."""
+    found = {}
+    for split, names in SPLIT_FILES.items():
+        path = next((root / n for n in names if (root / n).is_file()), None)
+        if path is None:
+            raise FileNotFoundError(
+                f"ner.data_dir={root}: no {' or '.join(names)}. It must be a CoNLL-2003 directory "
+                f"(train.txt and dev.txt, or eng.train and eng.testa)."
+            )
+        found[split] = path
+    return found
+
+
+def read_local(data_dir: str | Path) -> dict[str, list[Sentence]]:
+    files = split_files(Path(os.path.expanduser(str(data_dir))))
+    return {split: read_conll(path, complete=split != "train") for split, path in files.items()}
+
+
+def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Sentence]]:
+    """CoNLL-2003 from the Hugging Face hub (IOB2 tags, no -DOCSTART- lines)."""
+    if not hub_offline() and not hub_reachable():
+        log.info("the Hugging Face hub is not reachable: looking for %s in the datasets cache only", dataset)
+        go_offline()
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(dataset)
+    except Exception as e:  # noqa: BLE001 - offline, or no such dataset
+        raise ConnectionError(
+            f"could not load CoNLL-2003 from the Hugging Face hub ({dataset}): {e}. Offline, point "
+            f"ner.data_dir at a CoNLL-2003 directory, or use ner.source=synthetic."
+        ) from e
+    names = ds["train"].features["ner_tags"].feature.names
+    return {
+        split: [(list(r["tokens"]), [names[t] for t in r["ner_tags"]]) for r in ds[name] if r["tokens"]]
+        for split, name in (("train", "train"), ("validation", "validation"))
+    }
+
+
+def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
+    """The CoNLL-2003 directory the sentences are read from (the synthetic task is generated into the
+    cache first); None for the hub."""
+    return local_root(
+        "ner", source, data_dir, "CoNLL-2003 directory", lambda: SyntheticNer(**(synthetic or {})).write(cache_dir)
+    )
+
+
+def load(
+    source: str,
+    data_dir: str | None,
+    cache_dir: str | Path,
+    synthetic: dict | None = None,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
+    """Train and dev sentences (the first ``max_train`` / ``max_eval`` when set) and the sha256 of
+    the files they were read from (None from the hub)."""
+    root = data_root(source, data_dir, cache_dir, synthetic)
+    if root is None:
+        splits, digests = read_hub(), None
+    else:
+        files = split_files(root)
+        splits = {split: read_conll(path, complete=split != "train") for split, path in files.items()}
+        digests = {path.name: file_digest(path) for path in files.values()}
+    splits["train"] = splits["train"][:max_train] if max_train else splits["train"]
+    splits["validation"] = splits["validation"][:max_eval] if max_eval else splits["validation"]
+    return splits, digests
+
+
+# --- the synthetic task -----------------------------------------------------------------------------------
+TYPES = ("PER", "LOC", "ORG", "MISC")
+# (train, dev) sentences at scale 1
+SIZES = (2000, 400)
+SYNTHETIC_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SyntheticNer:
+    """Entities in the synthetic language: every noun, with its adjective when it has one, is an
+    entity whose type is fixed by its topic (topic mod 4: PER, LOC, ORG, MISC); determiners, number
+    particles, verbs, stage words and prepositions are outside entities. A tagger must know which
+    topic a noun belongs to, which pretraining on the synthetic corpus teaches; with
+    ``unseen_words``, the dev sentences use only nouns no training sentence uses. Written in the
+    release's layout (IOB1 tags, -DOCSTART- lines)."""
+
+    seed: int = 0
+    scale: float = 1.0
+    language_seed: int = 0
+    num_topics: int = 8
+    unseen_words: float = 0.0
+
+    def key(self) -> str:
+        return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
+
+    def sentences(self, split: str) -> list[Sentence]:
+        from pretrainlab.data.synthetic import SyntheticLanguage
+        from pretrainlab.data.world import World, split_words
+
+        language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
+        held = split_words(language, self.unseen_words, self.seed) if self.unseen_words else None
+        rng = random.Random(f"ner-{self.seed}-{split}")
+        w = World(language, rng, held, words=("unseen" if split == "validation" else "seen") if held else "all")
+        n = max(1, round(SIZES[split == "validation"] * self.scale))
+        out = []
+        for _ in range(n):
+            t = w.topic()
+            c = w.clause(t)
+            words, tags = [], []
+            entity = f"I-{TYPES[t % len(TYPES)]}"
+            for word in c.words():
+                words.append(word)
+                tags.append(
+                    entity if word in (c.subj, c.obj, c.subj_adj, c.obj_adj) or (c.prep and word == c.prep[1]) else "O"
+                )
+            words[0] = words[0][:1].upper() + words[0][1:]
+            out.append((words + ["."], tags + ["O"]))
+        return out
+
+    def write(self, cache_dir: str | Path) -> Path:
+        """``train.txt`` and ``dev.txt`` in ``<cache_dir>/ner-synthetic/<key>/`` (written once)."""
+        final = Path(os.path.expanduser(str(cache_dir))) / "ner-synthetic" / self.key()
+        if final.is_dir():
+            return final
+
+        def build(tmp: Path) -> None:
+            for split, name in (("train", "train.txt"), ("validation", "dev.txt")):
+                lines = ["-DOCSTART- -X- O O", ""]
+                for words, tags in self.sentences(split):
+                    lines += [f"{word} X O {tag}" for word, tag in zip(words, tags)] + [""]
+                (tmp / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+            (tmp / "settings.json").write_text(json.dumps(asdict(self)))
+
+        return atomic.build_dir(final, build, replace=False)
+
+
+__all__ = [
+    "ConllDataError",
+    "Sentence",
+    "SyntheticNer",
+    "TYPES",
+    "chunks",
+    "data_root",
+    "load",
+    "read_conll",
+    "read_hub",
+    "read_local",
+    "scores",
+    "split_files",
+    "to_iob2",
+]

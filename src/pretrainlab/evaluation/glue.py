@@ -1,0 +1,238 @@
+"""GLUE's tasks as evaluations: a classifier on the pooled ``[CLS]`` output, fine-tuned with the
+encoder (``conf/task/<task>.yaml``: ``_target_: pretrainlab.evaluation.glue.GlueTask``).
+
+The tasks' files, columns and metrics are ``pretrainlab.glue`` (its readers take the hub, a local
+``download_glue_data.py`` directory, or the synthetic suite). Classification trains with
+cross-entropy, STS-B (one output) with mean squared error. The dev sets are scored after every epoch
+with the task's metrics over the *whole* dev set (predictions gathered across ranks and de-duplicated
+by example index). A result's trivial baseline (``no_skill``) is the majority class (the training
+mean for STS-B) scored the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+
+from pretrainlab.config import plain_or_none
+from pretrainlab.evaluation.base import Evaluation
+from pretrainlab.finetuning.loop import Fitting, Job
+from pretrainlab.finetuning.module import Trainable
+from pretrainlab.glue.data import (
+    EncodedDataset,
+    EncodedSplit,
+    LengthGroupedSampler,
+    collate,
+    encode,
+    eval_loader,
+    glue_root,
+    load_task,
+)
+from pretrainlab.glue.metrics import compute, no_skill
+from pretrainlab.glue.tasks import TASKS, TaskSpec, get_task
+from pretrainlab.model.encoder import Encoder
+from pretrainlab.optim import OptimConfig
+from pretrainlab.runtime.signals import worker_init
+
+log = logging.getLogger("pretrainlab")
+
+
+class Classifier(Trainable):
+    """A classifier on the pooled ``[CLS]`` output for one GLUE task."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        spec: TaskSpec,
+        optim: OptimConfig,
+        total_steps: int,
+        classifier_dropout: float = 0.1,
+        eval_splits: list[str] | None = None,
+        compile: dict | None = None,
+    ):
+        super().__init__(encoder, optim, total_steps, compile)
+        h = encoder.config.hidden_size
+        # encoders exported without a pooler (add_pooler=false) get a fresh one: dense + tanh on [CLS]
+        self.pooler = None if encoder.pooler is not None else nn.Linear(h, h)
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(h, spec.num_labels)
+        for layer in [self.classifier] + ([self.pooler] if self.pooler is not None else []):
+            nn.init.normal_(layer.weight, std=encoder.config.initializer_range)
+            nn.init.zeros_(layer.bias)
+        self.spec = spec
+        self.eval_splits = eval_splits or list(spec.eval_splits)
+
+    def logits(self, batch: dict) -> torch.Tensor:
+        out = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        pooled = out.pooled if self.pooler is None else torch.tanh(self.pooler(out.hidden_states[:, 0]))
+        logits = self.classifier(self.dropout(pooled)).float()
+        return logits.squeeze(-1) if self.spec.is_regression else logits
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.spec.is_regression:
+            return F.mse_loss(logits, labels.float())
+        return F.cross_entropy(logits, labels)
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        logits = self(batch)
+        pred = logits if self.spec.is_regression else logits.argmax(-1)
+        self._outputs.setdefault(dataloader_idx, []).append(
+            (batch["index"], pred.detach().float(), batch["labels"].float())
+        )
+
+    def evaluate(self, outputs: dict[int, list]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for i, split in enumerate(self.eval_splits):
+            outs = outputs.get(i, [])
+            if not outs:
+                continue
+            index = torch.cat([o[0] for o in outs])
+            pred = torch.cat([o[1] for o in outs])
+            label = torch.cat([o[2] for o in outs])
+            if self.trainer.world_size > 1:  # every rank scores the whole dev set
+                index, pred, label = (self._all_gather(x).flatten(0, 1) for x in (index, pred, label))
+            _, first = np.unique(index.cpu().numpy(), return_index=True)  # a distributed sampler repeats a few
+            predicted, gold = pred.cpu().numpy()[first], label.cpu().numpy()[first]
+            if not self.spec.is_regression:
+                predicted, gold = predicted.astype(np.int64), gold.astype(np.int64)
+            suffix = self.spec.eval_splits[split][1]
+            for name, value in compute(list(self.spec.metrics), predicted, gold).items():
+                metrics[f"{name}{suffix}"] = value
+        return metrics
+
+
+def glue_examples(cfg: DictConfig, model) -> tuple[EncodedSplit, dict[str, EncodedSplit]]:
+    """``cfg.task``'s training examples and each of its dev splits (by name), read and tokenized as
+    fine-tuning trains and evaluates on them: ``glue.max_train_examples`` / ``max_eval_examples``,
+    ``task.max_seq_len``, ``model``'s tokenizer and special tokens."""
+    spec = get_task(cfg.task.name)
+    glue = cfg.glue
+    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
+
+    def encoded(name: str, limit: int | None) -> EncodedSplit:
+        return encode(splits[name].head(limit), model.tokenizer, model.tokens, cfg.task.max_seq_len)
+
+    return encoded("train", glue.get("max_train_examples")), {
+        name: encoded(name, glue.get("max_eval_examples")) for name in spec.eval_splits
+    }
+
+
+class GlueTask(Evaluation):
+    """One of GLUE's nine tasks (``name``: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."""
+
+    family = "glue"
+    rank = 0
+
+    def __init__(self, name: str, **recipe):
+        super().__init__(name, **recipe)
+        self.spec = get_task(name)
+
+    @property
+    def display(self) -> str:
+        return self.spec.directory
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(self.spec.metric_names())
+
+    @property
+    def data(self) -> str:
+        return "glue"
+
+    @property
+    def group(self) -> str:
+        return "glue"
+
+    @property
+    def in_glue_score(self) -> bool:  # type: ignore[override]
+        return self.name != "wnli"  # WNLI is left out, as BERT left it out
+
+    def order(self) -> tuple:
+        return (self.rank, list(TASKS).index(self.name))
+
+    def data_files(self, cfg: DictConfig) -> list[Path] | None:
+        g = cfg.glue
+        root = glue_root(g.source, g.data_dir, cfg.cache_dir, plain_or_none(g.get("synthetic")))
+        if root is None:
+            return None
+        names = ["train.tsv", *(filename for filename, _ in self.spec.eval_splits.values())]
+        return [root / self.spec.directory / n for n in names if (root / self.spec.directory / n).is_file()]
+
+    def file_key(self, path: Path) -> str:
+        return f"{path.parent.name}/{path.name}"
+
+    def evaluate(self, cfg: DictConfig, model, fitting: Fitting) -> dict:
+        spec = self.spec
+        t0 = time.time()
+        digests = self.digests(cfg)
+        encoded_train, evals = glue_examples(cfg, model)
+        eval_names, encoded_eval = list(evals), list(evals.values())
+        log.info(
+            "%s: %d train, %s dev examples (%d truncated to %d tokens), loaded in %.1fs",
+            spec.name,
+            len(encoded_train),
+            "/".join(str(len(e)) for e in encoded_eval),
+            encoded_train.truncated,
+            cfg.task.max_seq_len,
+            time.time() - t0,
+        )
+        plan = fitting.plan
+        pad = model.tokens.pad_id
+        gen = torch.Generator().manual_seed(cfg.seed)
+        multiple = 8 if plan.compile else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
+        order = (
+            dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
+            if cfg.glue.get("group_by_length")
+            else dict(shuffle=True, generator=gen)
+        )
+        train_loader = torch.utils.data.DataLoader(
+            EncodedDataset(encoded_train),
+            batch_size=plan.micro_batch,
+            drop_last=False,
+            collate_fn=functools.partial(collate, pad_id=pad, multiple=multiple),
+            num_workers=cfg.num_workers,
+            worker_init_fn=worker_init,
+            **order,
+        )
+        eval_loaders = [eval_loader(e, plan.micro_batch * 2, pad, cfg.num_workers, multiple) for e in encoded_eval]
+        steps_per_epoch, total = fitting.steps(len(encoded_train))
+        module = Classifier(
+            model.encoder,
+            spec,
+            fitting.optim,
+            total,
+            cfg.task.classifier_dropout,
+            eval_names,
+            compile=plan.compile,
+        )
+        return fitting.fit(
+            Job(
+                module,
+                train_loader,
+                eval_loaders,
+                steps_per_epoch,
+                {s: len(e) for s, e in zip(eval_names, encoded_eval)},
+                {
+                    "train_examples": len(encoded_train),
+                    "no_skill": {
+                        f"{m}{suffix}": v
+                        for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
+                        for m, v in no_skill(
+                            list(spec.metrics), encoded_train.labels, e.labels, spec.is_regression
+                        ).items()
+                    },
+                    "data": {"source": cfg.glue.source, "files": digests},
+                },
+            )
+        )
+
+
+__all__ = ["Classifier", "GlueTask", "glue_examples"]

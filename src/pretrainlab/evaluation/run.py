@@ -1,0 +1,163 @@
+"""Run one evaluation on one encoder and write its results file: the evaluation the config names
+(``cfg.task``, whose ``_target_`` is its class: ``evaluation.base``) fine-tunes the encoder, scores it
+zero-shot or probes its frozen features; this runner does what every evaluation shares. ``finetune.py``
+at the repository root is the Hydra entry point; the evaluation suite (``studies.suite``) calls
+:func:`run` once per (task, seed).
+
+``pretrained`` is a pretraining run directory, an exported encoder directory (``<run>/encoder``)
+or ``hf:<dir>``; ``init=scratch`` keeps its architecture and tokenizer but starts from random
+weights (``finetuning.encoders``).
+
+What the runner shares: the settings checked before anything loads, the run directory claimed (a
+directory holding another run's results is refused), the encoder loaded, the fine-tuning loop lent
+to a fine-tuned evaluation (``finetuning.loop.Fitting``), a signal's handling, the logger, and the
+result written atomically with what identifies it: the task, seed, encoder (the hash of its
+weights), the resolved config, its score (the evaluation's) and its runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from pretrainlab import atomic
+from pretrainlab.config import ConfigError
+from pretrainlab.evaluation import base
+from pretrainlab.finetuning.encoders import Pretrained, load_pretrained
+from pretrainlab.finetuning.loop import Fitting
+from pretrainlab.runtime import wandb_runs
+from pretrainlab.runtime.devices import DevicePlan, check_precision
+from pretrainlab.runtime.rundir import claim_results, release
+from pretrainlab.runtime.script import RunScript, rerun_command
+from pretrainlab.runtime.settings import check_finetuning
+from pretrainlab.runtime.signals import exit_on_signal
+
+log = logging.getLogger("pretrainlab")
+
+
+def run(
+    cfg: DictConfig,
+    run_dir: str | Path | None = None,
+    results_path: str | Path | None = None,
+    choices: dict[str, str] | None = None,
+    resume_hint: str | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg.task`` on ``cfg.pretrained``; write and return the results. ``resume_hint``: the
+    command to run after a signal stops it (a suite's or a study's; by default this process's)."""
+    script = RunScript.of(cfg, run_dir, choices)
+    run_dir = script.dir
+    results_path = Path(results_path) if results_path else run_dir / "results.json"
+    if OmegaConf.is_missing(cfg, "pretrained"):
+        raise ConfigError("pretrained=<pretraining run directory | exported encoder directory | hf:<dir>> is required.")
+    evaluation = base.of(cfg)
+    check_finetuning(cfg)
+    check_precision(cfg)
+    evaluation.check(cfg)
+    fitting = None
+    if evaluation.fine_tuned:  # its batch split and optimizer are checked before anything loads
+        plan = DevicePlan.of(cfg, cfg.task.batch_size, setting="task.batch_size")
+        fitting = (plan, instantiate(cfg.optim))
+    claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
+    try:
+        return _run(cfg, script, evaluation, fitting, results_path, resume_hint or rerun_command())
+    finally:
+        release(run_dir)
+
+
+def _run(
+    cfg: DictConfig,
+    script: RunScript,
+    evaluation: base.Evaluation,
+    fitting_setup: tuple | None,
+    results_path: Path,
+    resume_hint: str,
+) -> dict[str, Any]:
+    script.start()
+    model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
+    max_pos = model.encoder.config.max_position_embeddings
+    if cfg.task.max_seq_len > max_pos:
+        raise ConfigError(
+            f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
+            f"lower task.max_seq_len."
+        )
+    t0 = time.time()
+    script.save_config()
+
+    def make_logger(eval_examples: dict[str, int]):
+        return _logger(script, evaluation, model, cfg.seed, eval_examples)
+
+    fitting = None
+    if fitting_setup is not None:
+        plan, optim = fitting_setup
+        fitting = Fitting(cfg, script, evaluation.name, plan, optim, make_logger, resume_hint)
+    try:
+        if fitting is not None:
+            fields = evaluation.evaluate(cfg, model, fitting)
+            logger = fitting.logger
+        else:  # nothing trains: a signal stops it at once, without results
+            with exit_on_signal(f"{evaluation.name} on {model.label}", resume_hint):
+                fields = evaluation.evaluate(cfg, model, None)
+            logger = make_logger(fields.get("eval_examples") or {})
+            if logger:
+                logger.log_metrics({f"val/{k}": v for k, v in fields["metrics"].items()})
+        result = _result(cfg, evaluation, model, fields.pop("metrics"), t0, script.dir, fields)
+        if fitting is None or fitting.primary:
+            atomic.write_json(results_path, result)
+            if logger:
+                wandb_runs.log_finetune_summary(logger, result)
+        log.info(
+            "%s %s%s: %s (score %.2f)",
+            evaluation.name,
+            model.label,
+            f" seed {cfg.seed}" if fitting is not None else "",
+            ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()),
+            result["score"],
+        )
+        script.exit_code = 0
+    finally:
+        script.finish()
+    if fitting is not None:
+        fitting.finish()  # a signal that came during the last evaluation: the results are written
+    return result
+
+
+def _logger(script: RunScript, evaluation: base.Evaluation, model: Pretrained, seed: int, eval_examples: dict):
+    return script.build_logger(
+        name=f"{evaluation.name}-{model.label}-s{seed}",
+        group=model.source.get("wandb_group") or model.label,
+        job_type="finetune",
+        extra={f"pretrained.{k}": v for k, v in model.source.items()}
+        | {"encoder_label": model.label}
+        | {f"eval_examples.{s}": n for s, n in eval_examples.items()},
+    )
+
+
+def _result(
+    cfg: DictConfig,
+    evaluation: base.Evaluation,
+    model: Pretrained,
+    metrics: dict,
+    t0: float,
+    run_dir: Path,
+    fields: dict,
+) -> dict[str, Any]:
+    return {
+        "task": evaluation.name,
+        "seed": cfg.seed,
+        "label": model.label,
+        "metrics": metrics,
+        "score": evaluation.score(metrics),
+        **fields,
+        "pretrained": model.source,
+        "runtime_s": round(time.time() - t0, 2),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "run_dir": str(run_dir),
+    }
+
+
+__all__ = ["run"]
