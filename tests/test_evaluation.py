@@ -5,6 +5,7 @@ compared like GLUE's results."""
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -271,6 +272,51 @@ def test_blimp_files_are_read_completely_and_grouped(tmp_path):
     (copy / "extra.jsonl").write_text(json.dumps({k: v for k, v in row.items() if k != "field"}) + "\n")
     with pytest.raises(BlimpDataError, match="extra.jsonl, line 1: no field"):
         read_local(copy)
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"sentence_good": "", "sentence_bad": "Cats runs."}'], "line 1: sentence_good is '', not a sentence"),
+        (['{"sentence_good": "Cats run.", "sentence_bad": "   "}'], "line 1: sentence_bad is '   ', not a sentence"),
+        (['{"sentence_good": null, "sentence_bad": "Cats runs."}'], "line 1: sentence_good is None, not a sentence"),
+        (["42"], "line 1: a JSON int, not an object"),
+        (["row", "row"], "line 2: pairID 0 as line 1: a pair counted twice"),
+        (["row", "same sentences, another id"], "line 2: the same two sentences as line 1"),
+        ([], "extra.jsonl holds no pairs"),
+    ],
+)
+def test_blimp_refuses_empty_missing_repeated_and_malformed_pairs_naming_file_and_line(tmp_path, lines, message):
+    """An empty or missing sentence would be scored (``[CLS] [SEP]`` wins every pair; ``null`` became the word
+    None), a repeated pair would count twice, an empty paradigm would vanish: each is refused with its place."""
+    root = SyntheticPairs(pairs=5).write(tmp_path / "cache")
+    copy = tmp_path / "blimp"
+    shutil.copytree(root, copy)
+    row = {**json.loads((copy / "verb_as_argument.jsonl").read_text().splitlines()[0]), "UID": "extra", "pairID": "0"}
+    rendered = []
+    for line in lines:
+        if line == "row":
+            rendered.append(json.dumps(row))
+        elif line.startswith("same"):
+            rendered.append(json.dumps({**row, "pairID": "1"}))
+        else:
+            rendered.append(line if line == "42" else json.dumps({**row, **json.loads(line)}))
+    (copy / "extra.jsonl").write_text("".join(r + "\n" for r in rendered))
+    with pytest.raises(BlimpDataError, match=re.escape(message)):
+        read_local(copy)
+
+
+def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
+    from pretrainlab.evaluation.blimp import load_pairs
+
+    root = SyntheticPairs(pairs=5).write(tmp_path / "cache")
+    copy = tmp_path / "blimp"
+    shutil.copytree(root, copy)
+    (copy / "extra.jsonl").write_bytes(b'{"sentence_good": "Caf\xe9 ..."}\n')
+    with pytest.raises(BlimpDataError, match=r"extra.jsonl is not UTF-8: byte 0xe9 at offset \d+ \(line 1\)"):
+        read_local(copy)
+    with pytest.raises(BlimpDataError, match="blimp.max_pairs=0: null"):
+        load_pairs("local", str(root), tmp_path, None, max_pairs=0)  # scored nothing: accuracy NaN, exit 0
 
 
 # --- every evaluation on pretrained encoders ------------------------------------------------------------

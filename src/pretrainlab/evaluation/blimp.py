@@ -61,10 +61,21 @@ class Pair:
     bad: str
 
 
-def _pair(row: dict, where: str) -> Pair:
+def _pair(row: object, where: str) -> Pair:
+    if not isinstance(row, dict):
+        raise BlimpDataError(
+            f"{where}: a JSON {type(row).__name__}, not an object with {', '.join(FIELDS)}; repair or remove the line."
+        )
     missing = [k for k in FIELDS if k not in row]
     if missing:
         raise BlimpDataError(f"{where}: no {', '.join(missing)} (a BLiMP line has {', '.join(FIELDS)}).")
+    for key in ("sentence_good", "sentence_bad"):
+        value = row[key]
+        if not isinstance(value, str) or not value.strip():
+            raise BlimpDataError(
+                f"{where}: {key} is {value!r}, not a sentence: an empty or missing sentence would be scored as one "
+                f"(and win or lose every time). Repair or remove the line."
+            )
     try:
         pair_id = int(row["pairID"])
     except (TypeError, ValueError):
@@ -81,7 +92,9 @@ def _pair(row: dict, where: str) -> Pair:
 
 
 def read_local(data_dir: str | Path) -> list[Pair]:
-    """Every ``*.jsonl`` file of ``data_dir`` (one paradigm each), read completely or not at all."""
+    """Every ``*.jsonl`` file of ``data_dir`` (one paradigm each), read completely or not at all: a
+    file that is not UTF-8, a line that is not a pair, an empty file or a pair that comes twice in its
+    file (the same pairID, or the same two sentences) is refused, naming the file and the line."""
     root = Path(os.path.expanduser(str(data_dir)))
     files = sorted(root.glob("*.jsonl")) if root.is_dir() else []
     if not files:
@@ -89,9 +102,21 @@ def read_local(data_dir: str | Path) -> list[Pair]:
             f"blimp.data_dir={data_dir}: no .jsonl files there. Point it at a folder of BLiMP's "
             f"paradigm files (<paradigm>.jsonl, as in the release's data/ folder)."
         )
-    pairs = []
+    pairs: list[Pair] = []
     for f in files:
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
+        data = f.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = data.count(b"\n", 0, e.start) + 1
+            raise BlimpDataError(
+                f"{f} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {where}) cannot be decoded. "
+                f"Fetch the file again, or re-encode it (iconv -t utf-8)."
+            ) from None
+        seen_ids: dict[int, int] = {}
+        seen_pairs: dict[tuple[str, str], int] = {}
+        before = len(pairs)
+        for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
@@ -100,7 +125,21 @@ def read_local(data_dir: str | Path) -> list[Pair]:
                 raise BlimpDataError(
                     f"{f}, line {n}: not a JSON object ({e}); repair the file (or fetch it again)."
                 ) from None
-            pairs.append(_pair(row, f"{f}, line {n}"))
+            pair = _pair(row, f"{f}, line {n}")
+            first = seen_ids.get(pair.pair_id) or seen_pairs.get((pair.good, pair.bad))
+            if first is not None:
+                what = f"pairID {pair.pair_id}" if pair.pair_id in seen_ids else "the same two sentences"
+                raise BlimpDataError(
+                    f"{f}, line {n}: {what} as line {first}: a pair counted twice would weigh twice in the "
+                    f"accuracy. Remove the repeated line."
+                )
+            seen_ids[pair.pair_id] = seen_pairs[(pair.good, pair.bad)] = n
+            pairs.append(pair)
+        if len(pairs) == before:
+            raise BlimpDataError(
+                f"{f} holds no pairs: an empty paradigm would be left out of the scores without a word. Fetch it "
+                f"again, or remove it from blimp.data_dir."
+            )
     return pairs
 
 
@@ -237,6 +276,8 @@ def load_pairs(
 ) -> tuple[list[Pair], dict[str, str] | None]:
     """The pairs (the first ``max_pairs`` of each paradigm when set) and the sha256 of the files
     they were read from (None from the hub)."""
+    if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1):
+        raise BlimpDataError(f"blimp.max_pairs={max_pairs!r}: null (every pair) or a number of pairs of at least 1.")
     root = data_root(source, data_dir, cache_dir, synthetic)
     pairs = read_hub() if root is None else read_local(root)
     digests = None if root is None else {f.name: file_digest(f) for f in sorted(root.glob("*.jsonl"))}
