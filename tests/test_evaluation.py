@@ -217,13 +217,37 @@ def test_conll_files_are_read_with_the_release_quirks(tmp_path):
     assert splits["train"][2][1] == ["O", "B-MISC"] and ner.chunks(splits["train"][2][1]) == {("MISC", 1, 1)}
     assert splits["validation"] == [(["BRUSSELS", "1996-08-22"], ["I-LOC", "O"])]  # the empty last block skipped
     (tmp_path / "dev.txt").write_text(dev.replace("1996-08-22 CD I-NP O", "1996-08-22"))
-    with pytest.raises(ner.ConllDataError, match="dev.txt, line 4: 1 field"):
+    with pytest.raises(ner.ConllDataError, match="dev.txt, line 4: 1 field.* other lines have 4"):
         ner.read_local(tmp_path)
     (tmp_path / "dev.txt").write_text(dev.replace("I-LOC", "LOC"))
-    with pytest.raises(ner.ConllDataError, match="tag 'LOC' is not O, B-<type> or I-<type>"):
+    with pytest.raises(ner.ConllDataError, match=r"tag 'LOC' \(field 4 of 4\) is not O, B-<type> or I-<type>"):
         ner.read_local(tmp_path)
     (tmp_path / "dev.txt").unlink()
     with pytest.raises(FileNotFoundError, match="dev.txt or eng.testa"):
+        ner.read_local(tmp_path)
+
+
+def test_a_conll_file_without_its_entity_column_is_refused_not_read_from_another_column(tmp_path):
+    """Lines of "word POS chunk" end in chunk tags (I-NP, I-VP), which look like entity tags: read from the
+    last field they made entities of type NP and VP. The number of fields is checked against the format
+    and against the file's other lines, and the column of the tags can be named."""
+    train = "EU NNP I-NP\nrejects VBZ I-VP\nGerman JJ I-NP\n\nPeter NNP I-NP\nBlackburn NNP I-NP\n\n"
+    dev = "BRUSSELS NNP I-NP\n1996-08-22 CD I-NP\n\n"
+    (tmp_path / "train.txt").write_text(train)
+    (tmp_path / "dev.txt").write_text(dev)
+    for read in (lambda: ner.read_local(tmp_path), lambda: ner.load("local", str(tmp_path), tmp_path)):
+        with pytest.raises(ner.ConllDataError, match="lines have 3 fields.*chunk tags.*ner.tag_column=<n>"):
+            read()
+    chunks = ner.read_local(tmp_path, tag_column=3)  # said explicitly: the third column is what is read
+    assert chunks["validation"] == [(["BRUSSELS", "1996-08-22"], ["I-NP", "I-NP"])]
+    with pytest.raises(ner.ConllDataError, match="ner.tag_column=5, but its lines have 3 fields"):
+        ner.read_local(tmp_path, tag_column=5)
+    four = "EU NNP I-NP I-ORG\nrejects VBZ I-VP O\n\n"
+    (tmp_path / "train.txt").write_text(four + "German JJ I-MISC\n\n")  # a training line short of a field
+    (tmp_path / "dev.txt").write_text(four)
+    assert [tags for _, tags in ner.read_local(tmp_path)["train"]] == [["I-ORG", "O"]]  # skipped, with a warning
+    (tmp_path / "dev.txt").write_text(four + "German JJ I-MISC\n\n")
+    with pytest.raises(ner.ConllDataError, match="dev.txt, line 4: 3 field.* other lines have 4 .*field 4"):
         ner.read_local(tmp_path)
 
 

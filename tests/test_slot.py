@@ -146,7 +146,9 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
         pack(cfg, too_big, root / "corpus" / "synthetic", dirs, 0.001)
     assert not too_big.exists()
     with pytest.raises(InputsError, match="probe_ner read ner data.*--data-dir ner=<folder>"):
-        pack(cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {"glue": root / "glue", "blimp": root / "blimp"})
+        pack(
+            cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {"glue": root / "glue", "blimp": root / "blimp"}
+        )
 
 
 def test_the_entry_point_installs_nothing_when_nothing_is_missing_and_names_what_it_cannot_install(tmp_path):

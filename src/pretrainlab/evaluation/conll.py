@@ -16,6 +16,7 @@ the same type with the same start and end.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -41,44 +42,85 @@ class ConllDataError(ValueError):
     """A NER file that does not have the CoNLL layout."""
 
 
-def read_conll(path: str | Path, complete: bool = False) -> list[Sentence]:
-    """The sentences of a CoNLL file. A line with fewer than two fields is skipped with a warning in a
-    training file and fails the read when ``complete`` (evaluation files are read completely or
-    not at all)."""
+# the column of the entity tags, by the number of fields a file's lines have: CoNLL-2003's "word POS chunk
+# NER" and the two-column "word NER"; any other layout says where its tags are (ner.tag_column)
+TAG_COLUMN = {4: 4, 2: 2}
+
+
+def read_conll(path: str | Path, complete: bool = False, tag_column: int | None = None) -> list[Sentence]:
+    """The sentences of a CoNLL file, the entity tag of each word read from ``tag_column`` (counted from
+    1; by default the 4th of CoNLL-2003's four fields, or the 2nd of two). Every word line must have
+    the file's number of fields: a line with another number is skipped with a warning in a training
+    file and fails the read when ``complete`` (evaluation files are read completely or not at all). A
+    file of another layout (three fields: "word POS chunk" lacks its entity tags, and its chunk tags
+    look like entity tags) is refused unless ``tag_column`` says where the tags are."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no file {path}.")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ConllDataError(f"{path} is not UTF-8 ({e}); re-encode it (iconv -t utf-8).") from None
+    rows = [(n, line.split()) for n, line in enumerate(lines, start=1)]
+    widths = collections.Counter(len(f) for _, f in rows if f and f[0] != "-DOCSTART-")
+    if not widths:
+        raise ConllDataError(f"{path} holds no sentences.")
+    width = widths.most_common(1)[0][0]
+    column = tag_column or TAG_COLUMN.get(width)
+    if column is None:
+        raise ConllDataError(
+            f"{path}: its lines have {width} fields; CoNLL-2003's have 4 (word POS chunk NER) or 2 (word NER), "
+            f"the entity tag last. "
+            + (
+                "Lines of 'word POS chunk' lack the entity tags, and their chunk tags (B-NP, I-VP) would be read as "
+                "entities. "
+                if width == 3
+                else ""
+            )
+            + "If the file holds entity tags, say which column (counted from 1): ner.tag_column=<n>."
+        )
+    if not 2 <= column <= width:
+        raise ConllDataError(
+            f"{path}: ner.tag_column={column}, but its lines have {width} fields (the first is the word); name a "
+            f"column from 2 to {width}."
+        )
     sentences: list[Sentence] = []
     words: list[str] = []
     tags: list[str] = []
     skipped = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields:
-                if words:
-                    sentences.append((words, tags))
-                words, tags = [], []
-                continue
-            if fields[0] == "-DOCSTART-":
-                continue
-            if len(fields) < 2:
-                if complete:
-                    raise ConllDataError(
-                        f"{path}, line {n}: {len(fields)} field(s); a CoNLL line is 'word ... tag'. "
-                        f"An evaluation file is read completely or not at all; repair the file."
-                    )
-                skipped.append(n)
-                continue
-            tag = fields[-1]
-            if tag != "O" and (len(tag) < 3 or tag[1] != "-" or tag[0] not in "BIES"):
-                raise ConllDataError(f"{path}, line {n}: tag {tag!r} is not O, B-<type> or I-<type> (IOB1 or IOB2).")
-            words.append(fields[0])
-            tags.append(tag)
+    for n, fields in rows:
+        if not fields:
+            if words:
+                sentences.append((words, tags))
+            words, tags = [], []
+            continue
+        if fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) != width:
+            if complete:
+                raise ConllDataError(
+                    f"{path}, line {n}: {len(fields)} field(s) where the file's other lines have {width} (the entity "
+                    f"tag in field {column}). An evaluation file is read completely or not at all; repair the file."
+                )
+            skipped.append(n)
+            continue
+        tag = fields[column - 1]
+        if tag != "O" and (len(tag) < 3 or tag[1] != "-" or tag[0] not in "BIES"):
+            raise ConllDataError(
+                f"{path}, line {n}: tag {tag!r} (field {column} of {width}) is not O, B-<type> or I-<type> (IOB1 or IOB2)."
+            )
+        words.append(fields[0])
+        tags.append(tag)
     if words:
         sentences.append((words, tags))
     if skipped:
-        log.warning("%s: skipped %d malformed line(s) (lines %s)", path, len(skipped), ", ".join(map(str, skipped[:5])))
+        log.warning(
+            "%s: skipped %d line(s) without the file's %d fields (lines %s)",
+            path,
+            len(skipped),
+            width,
+            ", ".join(map(str, skipped[:5])),
+        )
     if not sentences:
         raise ConllDataError(f"{path} holds no sentences.")
     return sentences
@@ -164,9 +206,9 @@ def split_files(root: Path) -> dict[str, Path]:
     return found
 
 
-def read_local(data_dir: str | Path) -> dict[str, list[Sentence]]:
+def read_local(data_dir: str | Path, tag_column: int | None = None) -> dict[str, list[Sentence]]:
     files = split_files(Path(os.path.expanduser(str(data_dir))))
-    return {split: read_conll(path, complete=split != "train") for split, path in files.items()}
+    return {split: read_conll(path, split != "train", tag_column) for split, path in files.items()}
 
 
 def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Sentence]]:
@@ -205,15 +247,16 @@ def load(
     synthetic: dict | None = None,
     max_train: int | None = None,
     max_eval: int | None = None,
+    tag_column: int | None = None,
 ) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
-    """Train and dev sentences (the first ``max_train`` / ``max_eval`` when set) and the sha256 of
-    the files they were read from (None from the hub)."""
+    """Train and dev sentences (the first ``max_train`` / ``max_eval`` when set; the tags from
+    ``tag_column``: :func:`read_conll`) and the sha256 of the files they were read from (None from the hub)."""
     root = data_root(source, data_dir, cache_dir, synthetic)
     if root is None:
         splits, digests = read_hub(), None
     else:
         files = split_files(root)
-        splits = {split: read_conll(path, complete=split != "train") for split, path in files.items()}
+        splits = {split: read_conll(path, split != "train", tag_column) for split, path in files.items()}
         digests = {path.name: file_digest(path) for path in files.values()}
     splits["train"] = splits["train"][:max_train] if max_train else splits["train"]
     splits["validation"] = splits["validation"][:max_eval] if max_eval else splits["validation"]

@@ -51,7 +51,13 @@ class NerTask(Evaluation):
         n = cfg.ner
         synthetic = plain_or_none(n.get("synthetic"))
         splits, digests = conll.load(
-            n.source, n.data_dir, cfg.cache_dir, synthetic, n.get("max_train_examples"), n.get("max_eval_examples")
+            n.source,
+            n.data_dir,
+            cfg.cache_dir,
+            synthetic,
+            n.get("max_train_examples"),
+            n.get("max_eval_examples"),
+            n.get("tag_column"),
         )
         labels = label_set(splits["train"])
         label_ids = {label: i for i, label in enumerate(labels)}

@@ -234,7 +234,7 @@ def run_task(cfg, model) -> dict:
         synthetic = plain_or_none(n.get("synthetic"))
         max_train = min(x for x in (cfg.task.get("max_train_examples"), n.get("max_train_examples"), 10**12) if x)
         splits, digests = conll.load(
-            n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples")
+            n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples"), n.get("tag_column")
         )
         labels = label_set(splits["train"])
         label_ids = {label: i for i, label in enumerate(labels)}
