@@ -420,6 +420,34 @@ def test_probes_score_every_layer_from_features_computed_once(encoders, tmp_path
     assert sst2["metrics"]["accuracy"] == sst2["probes"]["last4"] > 0.6 and sst2["eval_examples"]["validation"] == 80
 
 
+def test_an_export_with_another_tokenizer_is_refused_and_features_are_keyed_by_the_tokenizer(
+    encoders, tmp_path, monkeypatch
+):
+    """The same weights read other ids with another tokenizer: an export whose tokenizer.json is not the
+    one its config.json records is refused, and the probes' feature cache never serves features computed
+    with another tokenizer (an export written before exports recorded it: not refused, not mistaken)."""
+    import pretrainlab.evaluation.probes as probes
+    from pretrainlab.data.corpus import SyntheticCorpus
+    from pretrainlab.data.tokenizer import TokenizerSpec
+    from pretrainlab.export.native import ExportError
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(encoders["roberta"], run_dir)
+    first = evaluate(run_dir, "probe_sst2", tmp_path / "a")
+    sentences = [s for d in SyntheticCorpus(num_documents=100, seed=3).documents(tmp_path)["sentences"] for s in d]
+    TokenizerSpec(vocab_size=300).train(sentences).save(str(run_dir / "encoder" / "tokenizer.json"))
+    with pytest.raises(ExportError, match="tokenizer.json is not the tokenizer this encoder was trained with"):
+        evaluate(run_dir, "probe_sst2", tmp_path / "b")
+    config = run_dir / "encoder" / "config.json"
+    meta = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in meta.items() if k != "tokenizer_sha256"}))  # an older export
+    computed = []
+    original = probes.sentence_features
+    monkeypatch.setattr(probes, "sentence_features", lambda *a, **k: computed.append(1) or original(*a, **k))
+    other = evaluate(run_dir, "probe_sst2", tmp_path / "c")
+    assert computed and other["probes"] != first["probes"]  # computed anew, with this tokenizer
+
+
 def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_path):
     """The suite refuses a BLiMP result computed on files edited since; the comparison refuses one
     whose encoder was pretrained again; an unknown task is named with the ones there are."""

@@ -217,8 +217,10 @@ def run_task(cfg, model) -> dict:
     t0 = time.time()
     device = inference_device(cfg)
     encoder = model.encoder.to(device).eval()
-    identity = {
+    identity = {  # everything the features depend on: the weights, the tokenizer (the same weights read other
+        # ids with another one), the task, its data and settings
         "encoder": model.source.get("encoder_id"),
+        "tokenizer": fingerprint({"tokenizer": model.tokenizer.to_str()}),
         "init": cfg.init,
         "seed": cfg.seed if cfg.init == "scratch" else None,
         "task": cfg.task.name,

@@ -2,7 +2,8 @@
 
 An export directory holds
 
-    config.json           {"encoder": EncoderConfig fields, "special_tokens": {...}, "pretraining": {...}}
+    config.json           {"encoder": EncoderConfig fields, "special_tokens": {...}, "pretraining": {...},
+                          "tokenizer_sha256": the digest of tokenizer.json, checked when the export is loaded}
     encoder.safetensors   the encoder's weights (for ELECTRA: the discriminator)
     tokenizer.json        the tokenizer the encoder was trained with; encoding adds [CLS] ... [SEP]
                           as the encoder saw its inputs (add_special_tokens=False: the text alone)
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from pretrainlab import atomic
+from pretrainlab.data.hashing import file_digest
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens, with_template
 
@@ -104,6 +106,7 @@ def export_encoder(
         cls, sep = tokenizer.id_to_token(tokens.cls_id), tokenizer.id_to_token(tokens.sep_id)
         assert cls is not None and sep is not None, "the special tokens are in the vocabulary"
         with_template(tokenizer, cls, sep).save(str(tmp / TOKENIZER))
+        meta["tokenizer_sha256"] = file_digest(tmp / TOKENIZER)
         (tmp / CONFIG).write_text(json.dumps(meta, indent=2, default=str))
 
     return atomic.build_dir(out_dir, build)
@@ -135,8 +138,23 @@ def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, 
     except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, an Exception
         raise ExportError(f"{p / WEIGHTS} cannot be read ({str(e).strip()[:200]}); export the run again.") from None
     encoder.load_state_dict(state)
+    check_tokenizer(p, meta)
     tokenizer = load_tokenizer(p / TOKENIZER, "The export is damaged: export the run again.")
     return encoder, tokenizer, meta
+
+
+def check_tokenizer(export: Path, meta: dict) -> None:
+    """Refuse an export whose ``tokenizer.json`` is not the one its encoder was trained with (the digest
+    its ``config.json`` records; exports written before they recorded it are not checked): its token
+    ids would stand for other pieces of text, and every result on it would be of another encoder."""
+    recorded = meta.get("tokenizer_sha256")
+    path = export / TOKENIZER
+    if recorded and path.is_file() and file_digest(path) != recorded:
+        raise ExportError(
+            f"{path} is not the tokenizer this encoder was trained with (its sha256 is {file_digest(path)[:12]}, "
+            f"{export / CONFIG} records {str(recorded)[:12]}): the encoder's ids would mean other words. Put its own "
+            f"tokenizer.json back (export the run again)."
+        )
 
 
 def load_objective(path: str | Path, encoder: Encoder, tokens: SpecialTokens, weights: bool = True):
