@@ -548,3 +548,20 @@ def test_a_study_refuses_results_left_by_an_encoder_that_is_gone_before_pretrain
     monkeypatch.setattr("pretrainlab.pretraining.run.run", never)
     with pytest.raises(ResultError, match="holds evaluation results .* but no encoder"):
         run_study(study(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "objective", [["objective=clm_mlm", "objective.causal_first=0.5"], ["objective.mask_rate_start=0.4"]]
+)
+def test_a_finished_scheduled_run_is_not_extended_onto_another_schedule(tmp_path, objective):
+    """A causal phase or a masking rate that moves follows each step's place in the run: a run planned
+    over 8 steps and continued to 12 would have had its causal half end at step 4 while its config and
+    export say half of 12. Refused, naming the planned steps; resuming over the same plan is not."""
+    from pretrainlab.config import ConfigError
+
+    run_dir = tmp_path / "run"
+    pretrain(compose_train(*SMALL, *objective, "max_steps=8", "val_every=4", "checkpoint_every=4"), run_dir)
+    with pytest.raises(ConfigError, match="scheduled over 8 planned optimizer steps .*and this run plans 12"):
+        pretrain(compose_train(*SMALL, *objective, "max_steps=12", "val_every=4", "ckpt_path=last"), run_dir)
+    again = pretrain(compose_train(*SMALL, *objective, "max_steps=8", "val_every=4", "ckpt_path=last"), run_dir)
+    assert again["global_step"] == 8

@@ -174,6 +174,21 @@ def build_schedule(objective: Objective, budget: Budget) -> StepProgress | None:
     return StepProgress(planned)
 
 
+def check_same_schedule(recorded: dict | None, progress: StepProgress, objective: str, checkpoint: Path | None) -> None:
+    """Refuse to resume a scheduled objective's run over another number of planned steps than its
+    checkpoint was trained over: every step already trained had its place in the run (its masking rate,
+    its phase) fixed by that number, so the run would follow, and record, a schedule it did not follow."""
+    if not recorded or recorded.get("planned_steps") == progress.planned_steps:
+        return
+    was = int(recorded["planned_steps"])
+    raise ConfigError(
+        f"{checkpoint} was trained with objective={objective}'s settings scheduled over {was} planned optimizer "
+        f"steps (a masking-rate schedule or a causal phase follows the step's place in the run), and this run plans "
+        f"{progress.planned_steps}: its steps so far would have had other settings than the run records. Resume "
+        f"with the budget or max_steps it was planned with ({was} steps), or start a new run in another directory."
+    )
+
+
 def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, plan: DevicePlan) -> PretrainDataModule:
     """The objective's examples of ``data`` (built, or read from the cache) and its batches, split
     by the device plan; the objective learns the training split's token counts (the masked LMs'
@@ -273,16 +288,19 @@ def _run(
     encoder_config = build_encoder_config(cfg, special.vocab_size)
     data_id = identity(data.corpus_key, data.tokenizer_spec)
     info = run_info(objective_cfg, encoder_config.to_dict(), data_id)
-    previous = None
+    recorded: dict = {}
     if resume_from is not None:
-        previous = (check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}).get("software")
-    info["software"] = code_history(previous)  # the code it was trained with, over every resumption
+        recorded = check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}
+    info["software"] = code_history(recorded.get("software"))  # the code it was trained with, over every resumption
     objective = build_objective(cfg, encoder_config, special)
     log.info("%s", plan.describe())
     datamodule = build_datamodule(cfg, data, objective, plan)
     flops_per_token = float(objective.mean_flops_per_token(encoder_config, cfg.max_seq_len))
     budget = build_budget(cfg, datamodule, flops_per_token)
     progress = build_schedule(objective, budget)
+    if progress is not None:
+        check_same_schedule(recorded.get("schedule"), progress, objective.name, resume_from)
+        info["schedule"] = {"planned_steps": progress.planned_steps}
     datamodule.progress = progress
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
@@ -416,6 +434,7 @@ __all__ = [
     "build_objective",
     "build_schedule",
     "build_trainer",
+    "check_same_schedule",
     "check_schedule",
     "resume_command",
     "run",
