@@ -565,3 +565,26 @@ def test_a_finished_scheduled_run_is_not_extended_onto_another_schedule(tmp_path
         pretrain(compose_train(*SMALL, *objective, "max_steps=12", "val_every=4", "ckpt_path=last"), run_dir)
     again = pretrain(compose_train(*SMALL, *objective, "max_steps=8", "val_every=4", "ckpt_path=last"), run_dir)
     assert again["global_step"] == 8
+
+
+def test_a_synthetic_evaluation_set_of_another_language_than_the_encoders_is_refused(tmp_path, monkeypatch):
+    """An encoder pretrained on the synthetic language of data.seed=1, asked for sets drawn from seed 0's
+    (BLiMP, GLUE and NER alike): refused before anything runs, naming the setting that matches."""
+    from pretrainlab.config import ConfigError
+    from pretrainlab.evaluation.run import run as finetune
+    from pretrainlab.studies.suite import plan_suite
+
+    run_dir = tmp_path / "run"
+    pretrain(compose_train(*QUICK, "data.seed=1"), run_dir)
+    monkeypatch.setattr("pretrainlab.evaluation.blimp.run_task", lambda *a, **k: pytest.fail("scored anyway"))
+    for task, block in (("blimp", "blimp"), ("probe_ner", "ner"), ("rte", "glue")):
+        cfg = compose_config(
+            "finetune", f"pretrained={run_dir}", f"task={task}", f"{block}.source=synthetic", "logger=csv"
+        )
+        with pytest.raises(ConfigError, match=rf"data.seed=1 .*Set {block}.synthetic.language_seed=1"):
+            finetune(cfg, tmp_path / task)
+    suite = compose_config("glue", f"pretrained={run_dir}", *GLUE)
+    with pytest.raises(ConfigError, match="glue.synthetic.language_seed=0"):
+        plan_suite(suite, ["rte"], [0], None, {})
+    matched = compose_config("glue", f"pretrained={run_dir}", *GLUE, "glue.synthetic.language_seed=1")
+    plan_suite(matched, ["rte"], [0], None, {})  # the encoder's own language: planned

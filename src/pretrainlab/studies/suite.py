@@ -102,6 +102,7 @@ def plan_suite(
     for name in tasks:
         task = evaluations.get(name)
         task_cfg = task_config(name, task_overrides)
+        evaluation.check_language(cfg, task)  # before any task runs: a synthetic set of another language
         out = output_dir_of(task, cfg, output_dir)
         dirs.append(out)
         digests = None
