@@ -205,6 +205,36 @@ def test_damaged_results_files_are_refused_naming_the_file(finished, tmp_path, d
         plan(suite_cfg(run_dir), ["rte"], [0, 1])
 
 
+def test_a_result_that_contradicts_its_own_record_is_refused(finished, tmp_path):
+    """A fine-tuned result reports its last epoch: an accuracy that is not its history's was edited; so is
+    a probe's score that is not its last-four probe's, or a BLiMP accuracy its pairs do not give."""
+    from pretrainlab.evaluation.results import read_result
+
+    run_dir = copy_of(finished, tmp_path)
+    path = run_dir / "glue" / "rte" / "seed1.json"
+    result = json.loads(path.read_text())
+    was = result["history"][-1]["metrics"]["accuracy"]
+    path.write_text(json.dumps({**result, "metrics": {"accuracy": 0.99}}))
+    with pytest.raises(
+        ResultError, match=rf"contradicts its own record: accuracy 0.99 where its last epoch's history says {was}"
+    ):
+        read_result(path)
+    with pytest.raises(CompareError, match="contradicts its own record"):
+        collect([str(run_dir)])
+    with pytest.raises(ResultError, match="contradicts its own record"):
+        plan(suite_cfg(run_dir), ["rte"], [0, 1])
+    probe = {"task": "probe_ner", "seed": 0, "label": "x", "metrics": {"f1": 0.95}, "probes": {"last4": 0.225}}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    with pytest.raises(ResultError, match="f1 0.95 where its probe of the last four layers scored 0.225"):
+        read_result(tmp_path / "probe.json")
+    blimp = {"task": "blimp", "seed": 0, "label": "x", "metrics": {"accuracy": 0.9}, "items": {"a": "1100", "b": "10"}}
+    (tmp_path / "blimp.json").write_text(json.dumps(blimp))
+    with pytest.raises(ResultError, match="accuracy 0.9 where its 6 pairs' outcomes give 0.5"):
+        read_result(tmp_path / "blimp.json")
+    (tmp_path / "blimp.json").write_text(json.dumps({**blimp, "metrics": {"accuracy": 0.5}}))
+    assert read_result(tmp_path / "blimp.json")["metrics"] == {"accuracy": 0.5}
+
+
 def test_a_result_in_the_place_of_another_task_or_seed_is_refused(finished, tmp_path):
     run_dir = copy_of(finished, tmp_path)
     shutil.copy(run_dir / "glue" / "rte" / "seed0.json", run_dir / "glue" / "rte" / "seed1.json")

@@ -140,6 +140,19 @@ class Evaluation:
         (``finetuning.loop.Fitting``)."""
         raise NotImplementedError
 
+    def contradictions(self, result: dict) -> list[str]:
+        """Where a result contradicts its own record (a file edited after it was written): a fine-tuned
+        result's metrics are its last epoch's (``history``). Each contradiction in a few words."""
+        history = result.get("history") or []
+        if not self.fine_tuned or not history:
+            return []
+        last = history[-1].get("metrics") or {}
+        return [
+            f"{k} {v!r} where its last epoch's history says {last.get(k)!r}"
+            for k, v in result["metrics"].items()
+            if not _same(v, last.get(k))
+        ]
+
     # --- its place in a comparison ------------------------------------------------------------------------
     @classmethod
     def sections(
@@ -148,6 +161,10 @@ class Evaluation:
         """What this class of evaluation adds to a comparison of ``results`` (its own among them):
         ``rows`` maps an encoder id to its row, ``encoder_id(result)`` gives a result's."""
         return []
+
+
+def _same(a: Any, b: Any) -> bool:
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(float(a) - float(b)) <= 1e-9
 
 
 # --- finding them -----------------------------------------------------------------------------------------

@@ -511,6 +511,16 @@ class Blimp(Evaluation):
     def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
         return {**run_task(cfg, model), "no_skill": {"accuracy": 0.5}}
 
+    def contradictions(self, result: dict) -> list[str]:
+        items = "".join((result.get("items") or {}).values())
+        if not items:
+            return []
+        scored = items.count("1") / len(items)
+        accuracy = result["metrics"].get("accuracy")
+        if accuracy is not None and abs(float(accuracy) - scored) > 1e-9:
+            return [f"accuracy {accuracy!r} where its {len(items)} pairs' outcomes give {scored!r}"]
+        return []
+
     @classmethod
     def sections(cls, results, rows, encoder_id, level) -> list[Section]:
         table = blimp_table(results, rows, encoder_id, level)

@@ -443,6 +443,16 @@ class ProbeTask(Evaluation):
     def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
         return run_task(cfg, model)
 
+    def contradictions(self, result: dict) -> list[str]:
+        last4 = (result.get("probes") or {}).get("last4")
+        if last4 is None:
+            return []
+        return [
+            f"{k} {v!r} where its probe of the last four layers scored {last4!r}"
+            for k, v in result["metrics"].items()
+            if abs(float(v) - float(last4)) > 1e-9
+        ]
+
     @classmethod
     def sections(cls, results, rows, encoder_id, level) -> list[Section]:
         table = probe_table(results, rows, encoder_id)

@@ -86,6 +86,14 @@ def read_result(path: Path) -> dict:
             f"): the fine-tuning run diverged or the file was damaged; a mean over it would be "
             f"meaningless. {AGAIN}"
         )
+    from pretrainlab.evaluation.base import get, known
+
+    contradictions = get(d["task"]).contradictions(d) if known(d["task"]) else []
+    if contradictions:
+        raise ResultError(
+            f"{path} contradicts its own record: {'; '.join(contradictions)}. Was it edited after it was written? "
+            f"{AGAIN}"
+        )
     return d
 
 
