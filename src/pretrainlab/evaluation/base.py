@@ -185,7 +185,7 @@ def instantiate(node: DictConfig | dict, where: str) -> Evaluation:
     if not target:
         raise UnknownEvaluation(
             f"{where} names no evaluation class (_target_); an evaluation's config names its class, e.g. "
-            f"_target_: pretrainlab.evaluation.glue.GlueTask (conf/task/*.yaml)."
+            f"_target_: pretrainlab.evaluation.<module>.<Class> (conf/task/*.yaml)."
         )
     try:
         evaluation = hydra_instantiate(node, _convert_="all")
