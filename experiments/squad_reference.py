@@ -56,6 +56,7 @@ def features(tokenizer, examples: list[squad.Example], cfg, train: bool) -> dict
         stride=int(task.doc_stride),
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
+        return_token_type_ids=True,
         padding="max_length",
     )
     sample = enc.pop("overflow_to_sample_mapping")

@@ -132,29 +132,39 @@ def test_the_synthetic_questions_have_one_answer_each_where_it_says(tmp_path):
     assert (again / "dev-v1.1.json").read_text() == (root / "dev-v1.1.json").read_text()
 
 
+QUESTIONS = [
+    "squad.source=synthetic",
+    "task.max_seq_len=96",
+    "task.doc_stride=24",
+    "task.lr=1.0e-3",
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny RoBERTa encoder, 300 steps on the synthetic corpus."""
+    from pretrainlab.pretraining.run import run as pretrain
+    from tests.conftest import SMALL, compose_train
+
+    out = tmp_path_factory.mktemp("pretrained") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        pretrain(compose_train(*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=300"), out)
+    return out
+
+
 @pytest.mark.slow
-def test_the_span_head_learns_to_answer_and_writes_the_official_predictions(tmp_path):
+def test_the_span_head_learns_to_answer_and_writes_the_official_predictions(pretrained, tmp_path):
     """A tiny encoder pretrained on the synthetic corpus, fine-tuned on the synthetic questions: far above
     the trivial baseline (an answer that is never right scores 0), predictions.json in SQuAD's format
     with an answer for every dev question, scored as the run reports."""
     from pretrainlab.evaluation.run import run as finetune
-    from pretrainlab.pretraining.run import run as pretrain
-    from tests.conftest import SMALL, compose_config, compose_train
+    from tests.conftest import compose_config
 
-    pretrained = tmp_path / "pretrain"
-    pretrain(compose_train(*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=300"), pretrained)
     cfg = compose_config(
-        "finetune",
-        f"pretrained={pretrained}",
-        "task=squad",
-        "squad.source=synthetic",
-        "squad.synthetic.scale=0.5",
-        "task.max_seq_len=96",
-        "task.doc_stride=24",
-        "task.epochs=3",
-        "task.lr=1.0e-3",
-        "logger=csv",
-        "trainer.enable_progress_bar=false",
+        "finetune", f"pretrained={pretrained}", "task=squad", "squad.synthetic.scale=0.5", "task.epochs=3", *QUESTIONS
     )
     result = finetune(cfg, tmp_path / "squad")
     assert result["task"] == "squad" and result["metrics"]["f1"] > 0.4 and result["metrics"]["exact_match"] > 0.15
@@ -207,3 +217,22 @@ def test_squad_is_a_column_of_a_studys_comparison_with_its_baseline(tmp_path):
     for seed in (0, 1):
         assert (run / "eval" / "squad" / f"seed{seed}.json").is_file()
         assert json.loads((run / "eval" / "squad" / f"seed{seed}" / "predictions.json").read_text())
+
+
+@pytest.mark.slow
+def test_transformers_question_answering_recipe_learns_the_questions_as_ours_does(pretrained, tmp_path):
+    """experiments/squad_reference.py: the same exported encoder fine-tuned by transformers' recipe
+    (its tokenizer's own windows, AutoModelForQuestionAnswering, its post-processing) on the same
+    questions and settings; both sides far above the trivial baseline and close to each other."""
+    import csv
+
+    from experiments.squad_reference import main
+
+    out = tmp_path / "reference"
+    overrides = ["squad.synthetic.scale=0.5", "task.epochs=3", *QUESTIONS[:-2], "trainer.enable_progress_bar=false"]
+    assert main([str(pretrained), *overrides, "--seeds", "0", "--out", str(out)]) == 0
+    rows = {r["side"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    ours, theirs = float(rows["pretrainlab"]["f1"]), float(rows["transformers"]["f1"])
+    assert ours > 40 and theirs > 40 and abs(ours - theirs) < 15, rows
+    predictions = json.loads((out / "transformers-seed0" / "predictions.json").read_text())
+    assert len(predictions) == 200 and all(isinstance(v, str) for v in predictions.values())
