@@ -138,8 +138,8 @@ def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, 
     except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, an Exception
         raise ExportError(f"{p / WEIGHTS} cannot be read ({str(e).strip()[:200]}); export the run again.") from None
     encoder.load_state_dict(state)
-    check_tokenizer(p, meta)
     tokenizer = load_tokenizer(p / TOKENIZER, "The export is damaged: export the run again.")
+    check_tokenizer(p, meta)  # a readable tokenizer, and the one the encoder was trained with
     return encoder, tokenizer, meta
 
 
