@@ -586,12 +586,9 @@ def test_the_reference_draws_a_loaded_pooler_afresh(tmp_path):
     """glue_reference.py --reinit-pooler: the pooler a checkpoint gave the model is drawn again as
     transformers initialises a linear layer (normal with the config's range, zero bias), for BERT's pooler
     (dense + tanh) and ALBERT's (a linear layer); a model without one is refused, naming it."""
-    import sys
-
     import transformers
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    from glue_reference import reinitialise_pooler
+    from pretrainlab.tools.glue_reference import reinitialise_pooler
 
     small = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, vocab_size=100)
     for name in ("Bert", "Albert"):

@@ -19,7 +19,7 @@ FLOORS = [
     {"evaluation"},
     {"compare"},
     {"studies"},
-    {"slot"},
+    {"slot", "tools"},
 ]
 
 

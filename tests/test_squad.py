@@ -226,7 +226,7 @@ def test_transformers_question_answering_recipe_learns_the_questions_as_ours_doe
     questions and settings; both sides far above the trivial baseline and close to each other."""
     import csv
 
-    from experiments.squad_reference import main
+    from pretrainlab.tools.squad_reference import main
 
     out = tmp_path / "reference"
     overrides = ["squad.synthetic.scale=0.5", "task.epochs=3", *QUESTIONS[:-2], "trainer.enable_progress_bar=false"]

@@ -36,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from pretrainlab.runtime.hydra import CONF
+
+ROOT = CONF.parent  # the repository: the workers run there
 VOCAB = 30522
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
 HF_CLASSES = {
@@ -360,6 +362,7 @@ class Worker:
         )
 
     def ask(self, command: str) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # opened as pipes
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -370,7 +373,7 @@ class Worker:
         return json.loads(line)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
             self.proc.stdin.close()
             self.proc.wait()
         self.stderr.close()
@@ -566,7 +569,8 @@ def bench_cases(args, model: str, precision: str, objectives: list[str]) -> list
             def worker_cmd(impl: str, case=case) -> list[str]:
                 return [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "pretrainlab.tools.bench",
                     "--case",
                     f"{impl}:{case}",
                     "--model",

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from bench import Case  # noqa: E402
+from pretrainlab.tools.bench import Case
 
 GEMM = ("gemm", "matmul", "xmma", "cutlass", "nvjet", "aten::addmm", "aten::mm", "aten::bmm")
 ATTENTION = ("flash", "fmha", "attention", "sdpa", "cudnn_generated_fort_native_sdpa")

@@ -29,28 +29,26 @@ import csv
 import io
 import logging
 import math
-import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import build_hf, hf_labels  # noqa: E402  (experiments/bench.py: the same-shape transformers models)
-
-from pretrainlab import atomic  # noqa: E402
-from pretrainlab.data.datamodule import PretrainDataModule  # noqa: E402
-from pretrainlab.model.vocab_loss import sample  # noqa: E402
-from pretrainlab.objectives import learning  # noqa: E402
-from pretrainlab.objectives.electra import ELECTRA  # noqa: E402
-from pretrainlab.pretraining.learning_log import FILE, read_rows  # noqa: E402
-from pretrainlab.pretraining.run import (  # noqa: E402
+from pretrainlab import atomic
+from pretrainlab.data.datamodule import PretrainDataModule
+from pretrainlab.model.vocab_loss import sample
+from pretrainlab.objectives import learning
+from pretrainlab.objectives.electra import ELECTRA
+from pretrainlab.pretraining.learning_log import FILE, read_rows
+from pretrainlab.pretraining.run import (
     build_budget,
     build_data,
     build_encoder_config,
     build_objective,
 )
+from pretrainlab.tools.bench import build_hf, hf_labels  # the same-shape transformers models
 
 log = logging.getLogger("pretrainlab")
 
@@ -175,7 +173,7 @@ def evaluate(model, objective, batches) -> tuple[dict, list]:
         for batch in batches:
             total = learning.add(total, loss_and_tally(objective, model, batch, tally=True)[1])
     module.train()
-    return objective.learning(learning.to_host(total))
+    return objective.learning(learning.to_host(total or {}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and args.out.exists():
         p.error(f"--out {args.out} already exists: name a new file (or move that one away); it is not written over.")
 
-    cfg = OmegaConf.load(args.run / "config.yaml")
+    cfg = cast(DictConfig, OmegaConf.load(args.run / "config.yaml"))
     if (cfg.get("budget") or {}).get("minutes") is not None:
         p.error(
             f"{args.run} was trained to budget.minutes, which says nothing of the steps its schedule took; "
@@ -225,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         num_workers=0,
     )
     datamodule.prepare()
+    assert datamodule.train_store is not None, "a local corpus has its examples"
     objective.token_counts = datamodule.train_store.token_counts(tokens.vocab_size)  # the unigram baselines
     model = reference_model(name, config, tokens.vocab_size)
     module = model.module if hasattr(model, "module") else model
@@ -237,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     schedule = budget.schedule(opt, optim)
     budget.start(0.0)
     steps = args.steps or budget.planned_steps()
+    if steps is None:
+        p.error("the run's budget plans no steps: give --steps")
     seen = 0.0
     val = list(datamodule.val_dataloader())
     if args.eval_batches:
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     done = False
     while not done:
         loader = datamodule.train_dataloader()
-        loader.sampler.set_epoch(epoch)
+        loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # the datamodule's epoch sampler
         for batch in loader:
             # the run's count (PretrainModule._count, one process): the batch's own number, else its n_tokens
             seen += float(batch["global_tokens"] if "global_tokens" in batch else batch["n_tokens"])

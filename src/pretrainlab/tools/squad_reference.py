@@ -60,7 +60,7 @@ def features(tokenizer, examples: list[squad.Example], cfg, train: bool) -> dict
         padding="max_length",
     )
     sample = enc.pop("overflow_to_sample_mapping")
-    out = {k: torch.tensor(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    out: dict = {k: torch.tensor(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
     out["example"] = np.asarray(sample)
     offsets = enc["offset_mapping"]
     if train:
