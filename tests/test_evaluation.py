@@ -277,6 +277,14 @@ def test_words_are_aligned_by_the_tokenizer_and_long_sentences_split_not_cut(tmp
 
 
 # --- BLiMP data -------------------------------------------------------------------------------------------
+def test_generated_minimal_pairs_are_distinct_and_read_back_as_the_reader_checks_them(tmp_path):
+    """The generator draws pairs at random: one drawn twice is kept once (the reader refuses a
+    repeated pair, which would count twice), at the size the quick study uses."""
+    root = SyntheticPairs(pairs=1000).write(tmp_path / "cache")
+    pairs = read_local(root)
+    assert len(pairs) == 5000 and len({(p.paradigm, p.good, p.bad) for p in pairs}) == 5000
+
+
 def test_blimp_files_are_read_completely_and_grouped(tmp_path):
     root = SyntheticPairs(pairs=20).write(tmp_path / "cache")
     pairs = read_local(root)

@@ -166,7 +166,7 @@ def read_hub(dataset: str = HUB_DATASET) -> list[Pair]:
 
 
 # --- minimal pairs in the synthetic language ------------------------------------------------------------
-SYNTHETIC_VERSION = 1
+SYNTHETIC_VERSION = 2  # 2: a pair drawn twice is kept once
 # paradigm -> (field, phenomenon)
 SYNTHETIC_PARADIGMS = {
     "subject_verb_agreement": ("morphology", "subject_verb_agreement"),
@@ -206,7 +206,15 @@ class SyntheticPairs:
         w = World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
         out: dict[str, list[dict]] = {name: [] for name in SYNTHETIC_PARADIGMS}
         for name, (field, phenomenon) in SYNTHETIC_PARADIGMS.items():
+            seen: set[tuple[str, str]] = set()  # a pair drawn twice is kept once: each counts once in the accuracy
+            draws = 0
             while len(out[name]) < self.pairs:
+                draws += 1
+                if draws > 50 * self.pairs:
+                    raise ValueError(
+                        f"synthetic BLiMP: the language has too few distinct {name} pairs for {self.pairs} "
+                        f"({len(out[name])} found in {draws - 1} draws); lower blimp.synthetic.pairs"
+                    )
                 t = w.topic()
                 c = replace(w.clause(t, prep=False), stage=None)
                 good = c.words()
@@ -228,8 +236,9 @@ class SyntheticPairs:
                         continue
                     good = replace(c, obj=rng.choice(preferred)).words()
                     bad = replace(c, obj=rng.choice(others)).words()
-                if good == bad:
+                if good == bad or (render(good), render(bad)) in seen:
                     continue
+                seen.add((render(good), render(bad)))
                 out[name].append(
                     {
                         "sentence_good": render(good),
