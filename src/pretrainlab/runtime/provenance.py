@@ -148,3 +148,40 @@ def describe(changed: list[tuple[str, Any, Any]], limit: int = 4) -> str:
 
 
 __all__ = ["PRETRAINING_HOW", "SettingsMismatch", "code_history", "describe", "differences", "software"]
+
+
+def machine() -> str:
+    """The machine in a few words: its GPUs when torch sees any, else the CPU's model, and its core count."""
+    import os
+
+    import torch
+
+    cores = os.cpu_count()
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return f"{len(names)} x {names[0]}, {cores} CPU cores" if len(set(names)) == 1 else ", ".join(names)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU only: {cores} cores of {model}"
+
+
+def report_provenance(command: str) -> dict[str, Any]:
+    """What a report records of how it was made: the command, the code (:func:`software`), the date
+    (UTC) and the machine. Docs that cite a report show these beside its numbers."""
+    import datetime
+
+    made = software()
+    return {
+        "command": command,
+        "commit": made["commit"],
+        "dirty": made["dirty"],
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": machine(),
+        "software": made,
+    }

@@ -33,6 +33,7 @@ Every run of the study shares one W&B group: the study's name.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from pretrainlab import atomic
 from pretrainlab.compare import collect, is_final, to_markdown, write_report
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.evaluation.base import resolve
@@ -49,6 +51,7 @@ from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.hydra import compose, options
+from pretrainlab.runtime.provenance import report_provenance
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
@@ -298,6 +301,7 @@ def report_study(
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
     cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)))
+    atomic.write_text(report / "provenance.json", json.dumps(report_provenance(rerun_command()), indent=2))
     log.info(
         "compute: pretraining %.0f s, evaluation %.0f s (report/cost.md)", cost["pretraining_s"], cost["evaluation_s"]
     )
