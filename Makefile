@@ -2,6 +2,7 @@
 #   make train   -> virtualenv + install + `python train.py` (embedded default run)
 #   make test    -> virtualenv + install + the test suite
 #   make lint    -> ruff (lint + format check) and mypy (src/), pinned in pyproject.toml so that CI and pre-commit agree
+#   make docs    -> the docs' tables regenerated from the reports in docs/results/; make site -> the site in site/
 # Extra arguments: make train ARGS="objective=bert model=mini"; make test PYTEST_ARGS="-k masking";
 #   make test TEST_WORKERS=0 runs the tests in one process
 
@@ -14,7 +15,7 @@ TORCH  ?= torch==2.13.0
 # Test processes (pytest-xdist): one per core, each with its share of the cores' threads (tests/conftest.py)
 TEST_WORKERS ?= auto
 
-.PHONY: train test lint format install clean
+.PHONY: train test lint format install clean docs site
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -35,6 +36,12 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+docs: install
+	$(PY) -m pretrainlab.tools.docs build
+
+site: docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 format: install
 	$(VENV)/bin/ruff check --fix .

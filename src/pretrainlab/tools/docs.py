@@ -1,0 +1,317 @@
+"""Measured numbers in the docs, generated from the reports that measured them.
+
+A report is a folder under ``docs/results/<name>/`` that a command wrote: a study's ``report/``
+(``comparison.json``, ``learning.json``, ``cost.json``, their Markdown, and ``provenance.json``: the
+command, commit, date, device and software that made it). ``publish`` copies one there; ``build``
+regenerates every marked block of README.md and docs/ from them (and ``docs/index.md``, the site's
+home page, from the README); ``check`` says which blocks differ
+from what their reports generate (the test suite runs it, so a number edited by hand fails a test)::
+
+    python -m pretrainlab.tools.docs publish runs/studies/quick/report --name quick-study
+    python -m pretrainlab.tools.docs build          # make docs
+    python -m pretrainlab.tools.docs check          # exit 1 and the blocks that differ
+
+A block in a Markdown file is a pair of comments around what is generated; a value in prose is the
+same, inline::
+
+    <!-- report: quick-study comparison -->
+    ...the table, generated...
+    <!-- /report -->
+
+    pretraining took <!-- value: quick-study cost.json pretraining_s min -->9.0<!-- /value --> minutes
+
+Blocks (:data:`BLOCKS`): ``comparison`` (the comparison table), ``differences`` (against the study's
+baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
+(the line that says where the numbers come from). Value formats (:data:`FORMATS`): ``min`` and
+``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
+format spec such as ``.3f``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = Path("docs") / "results"
+# the files of a study's report that docs read or link; figures come along for the pages that show them
+REPORT_FILES = ("*.json", "*.md", "*.csv", "*.png")
+
+BLOCK = re.compile(
+    r"(<!-- report: (?P<name>[\w.-]+) (?P<kind>[\w-]+) -->\n)(?P<body>.*?)(?P<end><!-- /report -->)", re.S
+)
+VALUE = re.compile(
+    r"(<!-- value: (?P<name>[\w.-]+) (?P<file>[\w.-]+\.json) (?P<key>[\w.-]+) (?P<fmt>[\w.,%+-]+) -->)"
+    r"(?P<body>[^<]*)(?P<end><!-- /value -->)"
+)
+ANY_MARK = re.compile(r"<!-- (report|value): [^>]*-->")
+
+
+class DocsError(ValueError):
+    """A marked block or value that cannot be generated: the file, the marker and why."""
+
+
+def _load(report: Path, file: str) -> dict:
+    path = report / file
+    if not path.is_file():
+        raise DocsError(f"{path} is missing: publish the report again (python -m pretrainlab.tools.docs publish)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _source(report: Path, link: str) -> str:
+    p = _load(report, "provenance.json")
+    commit = str(p.get("commit") or "no git checkout")[:10] + (" with uncommitted changes" if p.get("dirty") else "")
+    line = f"From [{report.name}]({link}): `{p['command']}`, commit {commit}, {p['date']}, {p['device']}."
+    cost_file = report / "cost.json"
+    if cost_file.is_file():
+        from pretrainlab.studies.cost import _hours
+
+        cost = json.loads(cost_file.read_text(encoding="utf-8"))
+        line += f" Pretraining {_hours(cost['pretraining_s'])}, evaluation {_hours(cost['evaluation_s'])}."
+    return line
+
+
+def _comparison(report: Path, link: str) -> str:
+    from pretrainlab.compare import to_markdown
+
+    return to_markdown(_load(report, "comparison.json"))
+
+
+def _differences(report: Path, link: str) -> str:
+    from pretrainlab.compare.tables import differences_markdown
+
+    return differences_markdown(_load(report, "comparison.json"))
+
+
+def _orderings(report: Path, link: str) -> str:
+    """Per column of the comparison: the encoders from best to worst, and how many differ from the
+    baseline with an interval that excludes zero (in which direction)."""
+    from pretrainlab.compare.tables import columns
+    from pretrainlab.evaluation.base import display_name, known
+
+    table = _load(report, "comparison.json")
+    base = table.get("baseline")
+    lines = []
+    for column in columns(table):
+        cells = table["glue"] if column == "glue" else {e: c.get(column) for e, c in table["cells"].items()}
+        means = {e: c["summary"]["mean"] for e, c in cells.items() if c and c.get("summary")}
+        if not means:
+            continue
+        ranked = sorted(means, key=lambda e: -means[e])
+        line = f"- **{display_name(column) if known(column) else 'GLUE'}**: " + ", ".join(
+            f"{e} {means[e]:.1f}" for e in ranked
+        )
+        diffs = [d[column] for e, d in (table.get("differences") or {}).items() if d.get(column)]
+        if base and diffs:
+            up = sum(1 for d in diffs if d["significant"] and d["mean"] > 0)
+            down = sum(1 for d in diffs if d["significant"] and d["mean"] < 0)
+            line += f"; against {base}: {up} of {len(diffs)} above and {down} below with an interval that excludes 0"
+        lines.append(line + ".")
+    return "\n".join(lines)
+
+
+def _learning(report: Path, link: str) -> str:
+    from pretrainlab.studies.intrinsic import learning_markdown
+
+    return learning_markdown(_load(report, "learning.json"))
+
+
+def _cost(report: Path, link: str) -> str:
+    from pretrainlab.studies.cost import cost_markdown
+
+    return cost_markdown(_load(report, "cost.json"))
+
+
+BLOCKS: dict[str, Callable[[Path, str], str]] = {
+    "source": _source,
+    "comparison": _comparison,
+    "differences": _differences,
+    "orderings": _orderings,
+    "learning": _learning,
+    "cost": _cost,
+}
+
+FORMATS: dict[str, Callable[[float], str]] = {
+    "min": lambda x: f"{x / 60:.1f}",
+    "h": lambda x: f"{x / 3600:.1f}",
+    "int": lambda x: f"{round(x):,}",
+    "pct": lambda x: f"{100 * x:.1f}",
+}
+
+
+def _lookup(data, key: str, where: str):
+    for part in key.split("."):
+        if isinstance(data, list) and part.lstrip("-").isdigit():
+            data = data[int(part)]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            raise DocsError(f"{where}: no {part!r} in the report (key {key!r})")
+    return data
+
+
+def _format(value, fmt: str, where: str) -> str:
+    if fmt in FORMATS:
+        return FORMATS[fmt](float(value))
+    try:
+        return format(value, fmt)
+    except (ValueError, TypeError) as e:
+        raise DocsError(f"{where}: format {fmt!r} does not apply to {value!r} ({e})") from None
+
+
+def docs_files(root: Path) -> list[Path]:
+    """The Markdown files that may hold generated blocks: README.md and docs/ (reports excluded)."""
+    files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return [f for f in files if f.is_file() and RESULTS not in f.relative_to(root).parents]
+
+
+def generate(text: str, doc: Path, root: Path) -> str:
+    """``text`` (the content of ``doc``) with every block and value regenerated from its report."""
+
+    def report_of(name: str, where: str) -> Path:
+        report = root / RESULTS / name
+        if not report.is_dir():
+            known = sorted(p.name for p in (root / RESULTS).glob("*") if p.is_dir())
+            raise DocsError(f"{where}: no report {name!r} in {RESULTS} (there are: {', '.join(known) or 'none'})")
+        return report
+
+    def block(m: re.Match) -> str:
+        where = f"{doc.relative_to(root)}: <!-- report: {m['name']} {m['kind']} -->"
+        if m["kind"] not in BLOCKS:
+            raise DocsError(f"{where}: unknown block {m['kind']!r}; blocks: {', '.join(BLOCKS)}")
+        report = report_of(m["name"], where)
+        link = os.path.relpath(report / "comparison.md" if (report / "comparison.md").is_file() else report, doc.parent)
+        body = BLOCKS[m["kind"]](report, link).strip("\n")
+        return f"{m.group(1)}{body}\n{m['end']}"
+
+    def value(m: re.Match) -> str:
+        where = f"{doc.relative_to(root)}: <!-- value: {m['name']} {m['file']} {m['key']} {m['fmt']} -->"
+        data = _load(report_of(m["name"], where), m["file"])
+        return f"{m.group(1)}{_format(_lookup(data, m['key'], where), m['fmt'], where)}{m['end']}"
+
+    out = VALUE.sub(value, BLOCK.sub(block, text))
+    marks, closed = len(ANY_MARK.findall(text)), len(BLOCK.findall(text)) + len(VALUE.findall(text))
+    if marks != closed:
+        raise DocsError(
+            f"{doc.relative_to(root)}: {marks - closed} marker(s) without their closing <!-- /report --> or "
+            "<!-- /value --> (or with another layout than the module's docstring shows)"
+        )
+    return out
+
+
+HOME = Path("docs") / "index.md"
+HOME_NOTE = "<!-- generated from README.md by `make docs`: edit README.md -->\n"
+
+
+def site_home(readme: str) -> str:
+    """The documentation site's home page: the README, its links made relative to ``docs/``."""
+    text = re.sub(r"\]\(docs/", "](", readme)
+    text = re.sub(r"\[([^\]]+)\]\((?!https?:|#)([^)]+)\)", _outside_docs, text)
+    return HOME_NOTE + text
+
+
+def _outside_docs(m: re.Match) -> str:
+    """A link from the README to a file outside ``docs/`` (CONTRIBUTING.md): its name, as code."""
+    target = m[2]
+    return m[0] if not (target.startswith("../") or "/" not in target and target.endswith(".md")) else f"`{target}`"
+
+
+def expected(root: Path) -> dict[Path, str]:
+    """Every generated file's content as its reports and the README make it."""
+    out = {doc: generate(doc.read_text(encoding="utf-8"), doc, root) for doc in docs_files(root) if doc != root / HOME}
+    if (root / "README.md") in out and (root / "mkdocs.yml").is_file():
+        out[root / HOME] = site_home(out[root / "README.md"])
+    return out
+
+
+def build(root: Path = ROOT) -> list[Path]:
+    """Regenerates every marked block and value, and the site's home page; returns the files it changed."""
+    changed = []
+    for doc, new in expected(root).items():
+        if not doc.is_file() or new != doc.read_text(encoding="utf-8"):
+            doc.write_text(new, encoding="utf-8")
+            changed.append(doc)
+    return changed
+
+
+def check(root: Path = ROOT) -> list[str]:
+    """What differs from its report: one line per block or value, naming the file and the marker."""
+    stale = []
+    for doc, new in expected(root).items():
+        text = doc.read_text(encoding="utf-8") if doc.is_file() else ""
+        if new == text:
+            continue
+        if doc == root / HOME:
+            stale.append(f"{HOME}: differs from README.md")
+            continue
+        for pattern in (BLOCK, VALUE):
+            for was, now in zip(pattern.finditer(text), pattern.finditer(new)):
+                if was["body"] != now["body"]:
+                    stale.append(f"{doc.relative_to(root)}: {was.group(1).strip()} differs from its report")
+    return stale
+
+
+def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -> Path:
+    """Copies a report folder (a study's ``report/``) to ``docs/results/<name>/``."""
+    if not (report / "provenance.json").is_file():
+        raise DocsError(
+            f"{report} has no provenance.json (the command, commit, date and device that made it): "
+            "give a study's report/ folder written by this version of pretrainlab"
+        )
+    if not re.fullmatch(r"[\w.-]+", name):
+        raise DocsError(f"--name {name!r}: use letters, digits, '-', '_' or '.'")
+    dest = root / RESULTS / name
+    if dest.exists() and not replace:
+        raise DocsError(f"{dest} exists: pass --replace to put this report in its place (git keeps the old one)")
+    tmp = dest.with_name(f".{name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for pattern in REPORT_FILES:
+        for f in sorted(report.glob(pattern)):
+            shutil.copy2(f, tmp / f.name)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pretrainlab.tools.docs", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("publish", help="copy a study's report folder to docs/results/<name>/")
+    p.add_argument("report", type=Path)
+    p.add_argument("--name", required=True)
+    p.add_argument("--replace", action="store_true", help="replace a report of that name")
+    sub.add_parser("build", help="regenerate every marked block in README.md and docs/")
+    sub.add_parser("check", help="exit 1 when a marked block differs from its report")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "publish":
+            print(f"published -> {publish(args.report, args.name, replace=args.replace)}")
+            for f in build():
+                print(f"regenerated {f.relative_to(ROOT)}")
+        elif args.cmd == "build":
+            for f in build():
+                print(f"regenerated {f.relative_to(ROOT)}")
+        else:
+            stale = check()
+            for line in stale:
+                print(line)
+            if stale:
+                print("run `make docs` (python -m pretrainlab.tools.docs build) to regenerate them")
+                return 1
+            print("every generated block matches its report")
+    except DocsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

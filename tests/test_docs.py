@@ -1,0 +1,145 @@
+"""The docs' measured numbers are generated from committed reports (pretrainlab.tools.docs), and the
+documentation site builds without warnings."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrainlab.tools import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_generated_block_in_the_docs_matches_its_report():
+    blocks = [m for f in docs.docs_files(ROOT) for m in docs.BLOCK.finditer(f.read_text(encoding="utf-8"))]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "<!-- report: quick-study comparison -->" in readme and len(blocks) >= 3
+    assert all(m["body"].strip() for m in blocks), "a block is empty: run make docs"
+    assert docs.check(ROOT) == []
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of the repository's docs and the reports they cite."""
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
+    return tmp_path
+
+
+def test_a_number_edited_by_hand_in_a_generated_table_fails_the_check(tmp_path):
+    root = _copy(tmp_path)
+    text = (root / "README.md").read_text(encoding="utf-8")
+    table = next(m for m in docs.BLOCK.finditer(text) if m["kind"] == "comparison")
+    row = next(line for line in table["body"].splitlines() if line.startswith("| ") and re.search(r"\d\.\d", line))
+    edited = re.sub(r"(\d)\.(\d)", lambda m: f"{(int(m[1]) + 1) % 10}.{m[2]}", row, count=1)
+    (root / "README.md").write_text(text.replace(row, edited, 1), encoding="utf-8")
+    assert docs.check(root) == ["README.md: <!-- report: quick-study comparison --> differs from its report"]
+    assert docs.build(root) == [root / "README.md"]
+    assert (root / "README.md").read_text(encoding="utf-8") == text and docs.check(root) == []
+    # the site's home page is the README's copy: edited by hand, it is found too
+    home = root / "docs" / "index.md"
+    home.write_text(home.read_text(encoding="utf-8").replace("pretrainlab", "pretrain-lab"), encoding="utf-8")
+    assert docs.check(root) == ["docs/index.md: differs from README.md"]
+    assert docs.build(root) == [home] and "](findings.md)" in home.read_text(encoding="utf-8")
+
+
+def _report(root: Path, name: str = "r") -> Path:
+    report = root / "docs" / "results" / name
+    report.mkdir(parents=True)
+    provenance = {
+        "command": "python x.py",
+        "commit": "0123456789abcdef",
+        "dirty": False,
+        "date": "2026-01-01 00:00 UTC",
+    }
+    (report / "provenance.json").write_text(json.dumps({**provenance, "device": "CPU only: 2 cores"}))
+    (report / "cost.json").write_text(json.dumps({"pretraining_s": 540.0, "evaluation_s": 7200.0, "runs": [0.25, 3]}))
+    return report
+
+
+def test_values_in_prose_are_filled_from_the_report_and_checked(tmp_path):
+    _report(tmp_path)
+    doc = tmp_path / "README.md"
+    doc.write_text(
+        "took <!-- value: r cost.json pretraining_s min --><!-- /value --> minutes, "
+        "<!-- value: r cost.json evaluation_s h -->?<!-- /value --> hours, "
+        "<!-- value: r cost.json runs.0 pct --><!-- /value -->%\n"
+        "<!-- report: r source -->\nold\n<!-- /report -->\n"
+    )
+    assert len(docs.check(tmp_path)) == 4
+    docs.build(tmp_path)
+    text = doc.read_text()
+    assert "-->9.0<!-- /value --> minutes" in text and "-->2.0<!-- /value --> hours" in text
+    assert "-->25.0<!-- /value -->%" in text
+    assert (
+        "From [r](docs/results/r): `python x.py`, commit 0123456789, 2026-01-01 00:00 UTC, CPU only: 2 cores." in text
+    )
+    assert "Pretraining 9.0 min, evaluation 2.00 h." in text and docs.check(tmp_path) == []
+    doc.write_text(text.replace("-->9.0<", "-->9.1<"))
+    assert docs.check(tmp_path) == ["README.md: <!-- value: r cost.json pretraining_s min --> differs from its report"]
+
+
+@pytest.mark.parametrize(
+    "marker, message",
+    [
+        ("<!-- report: nope source -->\n<!-- /report -->", "no report 'nope' in docs/results (there are: r)"),
+        ("<!-- report: r table -->\n<!-- /report -->", "unknown block 'table'; blocks: source, comparison"),
+        ("<!-- report: r comparison -->\n<!-- /report -->", "comparison.json is missing"),
+        ("<!-- value: r cost.json total_s min --><!-- /value -->", "no 'total_s' in the report"),
+        ("<!-- value: r cost.json runs.0 d --><!-- /value -->", "format 'd' does not apply to 0.25"),
+        ("<!-- report: r source -->\nno end", "1 marker(s) without their closing"),
+    ],
+)
+def test_a_marker_that_cannot_be_generated_is_named(tmp_path, marker, message):
+    _report(tmp_path)
+    (tmp_path / "docs" / "page.md").write_text(f"# page\n\n{marker}\n")
+    with pytest.raises(docs.DocsError, match=re.escape(message)) as e:
+        docs.build(tmp_path)
+    assert str(e.value).startswith("docs/page.md: ") or "is missing" in str(e.value)
+
+
+def test_publish_copies_a_report_with_its_provenance_and_keeps_one_already_there(tmp_path):
+    study = tmp_path / "study" / "report"
+    study.mkdir(parents=True)
+    (study / "comparison.md").write_text("| a |\n")
+    with pytest.raises(docs.DocsError, match="has no provenance.json"):
+        docs.publish(study, "s", root=tmp_path)
+    (study / "provenance.json").write_text("{}")
+    (study / "weights.bin").write_bytes(b"x")
+    dest = docs.publish(study, "s", root=tmp_path)
+    assert sorted(p.name for p in dest.iterdir()) == ["comparison.md", "provenance.json"]
+    (study / "comparison.md").write_text("| b |\n")
+    with pytest.raises(docs.DocsError, match="exists: pass --replace"):
+        docs.publish(study, "s", root=tmp_path)
+    assert (dest / "comparison.md").read_text() == "| a |\n"
+    docs.publish(study, "s", root=tmp_path, replace=True)
+    assert (dest / "comparison.md").read_text() == "| b |\n"
+    with pytest.raises(docs.DocsError, match="--name '../x'"):
+        docs.publish(study, "../x", root=tmp_path)
+
+
+def test_the_docs_state_no_test_counts():
+    for f in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *docs.docs_files(ROOT)]:
+        text = f.read_text(encoding="utf-8")
+        assert not re.search(r"\b\d[\d,]* (passed|skipped|tests,|tests in|tests run|tests pass)", text), f
+
+
+def test_the_documentation_site_builds_without_warnings(tmp_path):
+    """mkdocs --strict: a broken link, a missing page or an API page whose object is gone fails."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    api = (tmp_path / "site" / "api" / "evaluations" / "index.html").read_text()
+    assert "pretrainlab.evaluation.base.Evaluation" in api
+    assert (tmp_path / "site" / "search" / "search_index.json").is_file()
