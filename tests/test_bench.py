@@ -38,6 +38,8 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
             "2",
             "--json",
             str(tmp_path / "bench.json"),
+            "--report",
+            str(tmp_path / "report"),
             "--data",
             str(corpus),
         ],
@@ -68,4 +70,9 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         )
         assert all(r["step_s"] == statistics.median(r["step_times"]) for r in (ours, hf))
     assert "| roberta | fp32 |" in out.stdout and "| electra | fp32 |" in out.stdout
+    # the same table as a report the docs can cite, with what made it
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [r[1] for r in report["rows"]] == ["roberta", "electra"]
+    assert report["rows"][0][5] == f"{results[0]['ours_over_hf']:.2f}x" and report["about"].startswith("cpu (")
+    assert json.loads((tmp_path / "report" / "provenance.json").read_text())["device"].startswith("CPU only")
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout

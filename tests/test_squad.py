@@ -236,3 +236,8 @@ def test_transformers_question_answering_recipe_learns_the_questions_as_ours_doe
     assert ours > 40 and theirs > 40 and abs(ours - theirs) < 15, rows
     predictions = json.loads((out / "transformers-seed0" / "predictions.json").read_text())
     assert len(predictions) == 200 and all(isinstance(v, str) for v in predictions.values())
+    # the report the docs cite: both sides' table, with the command, commit and device that made it
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert [r[0] for r in report["rows"]] == ["`finetune.py task=squad`", "transformers' `run_qa` recipe"]
+    assert report["rows"][0][3] == f"{ours:.2f}" and "200 dev questions" in report["about"]
+    assert json.loads((out / "report" / "provenance.json").read_text())["command"].startswith("python ")

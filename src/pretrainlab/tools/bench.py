@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help="a corpus (file or directory) to time the data pipeline on")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--report", default=None, help="also write the table as a report the docs can cite (a folder)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch is None:
@@ -551,6 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.report and results:
+        from pretrainlab.tools.docs import write_table_report
+
+        about = f"{args.device} ({hardware}), {torch.get_num_threads()} threads; seq {args.seq_len}, batch {args.batch}"
+        write_table_report(
+            Path(args.report), "Pretraining step: ours against transformers", COLUMNS, table_rows(results), about
+        )
+        print(f"report -> {args.report} (python -m pretrainlab.tools.docs publish {args.report} --name <name>)")
     if args.data:
         print()
         bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
@@ -643,18 +652,47 @@ def _ratios(pair: dict[str, dict]) -> list[float]:
     return [h / o for o, h in zip(pair["ours"]["times"], pair["hf"]["times"])]
 
 
-def print_table(results: list[dict]) -> None:
-    print(
-        "\n| model | objective | precision | ours tok/s | HF tok/s | ours / HF | ours MFU | HF MFU | ours MB | HF MB |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+COLUMNS = [
+    "model",
+    "objective",
+    "precision",
+    "ours tok/s",
+    "HF tok/s",
+    "ours / HF",
+    "ours MFU",
+    "HF MFU",
+    "ours MB",
+    "HF MB",
+]
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    """One row per case: ours and transformers side by side (``results`` alternates ours, HF)."""
+    rows = []
     for i in range(0, len(results), 2):
         o, h = results[i], results[i + 1]
-        print(
-            f"| {o['model']} | {o['objective']} | {o['precision']} | {o['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | "
-            f"{o['ours_over_hf']:.2f}x | {100 * o['mfu']:.0f}% | {100 * h['mfu']:.0f}% | "
-            f"{o['peak_mem_mb']:.0f} | {h['peak_mem_mb']:.0f} |"
+        rows.append(
+            [
+                o["model"],
+                o["objective"],
+                o["precision"],
+                f"{o['tokens_per_s']:.0f}",
+                f"{h['tokens_per_s']:.0f}",
+                f"{o['ours_over_hf']:.2f}x",
+                f"{100 * o['mfu']:.0f}%",
+                f"{100 * h['mfu']:.0f}%",
+                f"{o['peak_mem_mb']:.0f}",
+                f"{h['peak_mem_mb']:.0f}",
+            ]
         )
+    return rows
+
+
+def print_table(results: list[dict]) -> None:
+    print("\n| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for row in table_rows(results):
+        print("| " + " | ".join(row) + " |")
 
 
 def _native_bf16(device: str) -> bool:

@@ -22,7 +22,7 @@ same, inline::
 
 Blocks (:data:`BLOCKS`): ``comparison`` (the comparison table), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
-(the line that says where the numbers come from). Value formats (:data:`FORMATS`): ``min`` and
+(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
 format spec such as ``.3f``.
 """
@@ -128,6 +128,35 @@ def _cost(report: Path, link: str) -> str:
     return cost_markdown(_load(report, "cost.json"))
 
 
+def _table(report: Path, link: str) -> str:
+    """A tool's report (``report.json``: its columns and rows, as :func:`write_table_report` writes them)."""
+    data = _load(report, "report.json")
+    lines = ["| " + " | ".join(data["columns"]) + " |", "|" + "---|" * len(data["columns"])]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in data["rows"]]
+    return "\n".join(lines)
+
+
+def write_table_report(out: Path, title: str, columns: list[str], rows: list[list], about: str = "") -> Path:
+    """A tool's measurements as a report docs can cite: ``report.json`` and ``report.md`` (the table,
+    what it measured) and ``provenance.json`` (this process's command, commit, date and device)."""
+    from pretrainlab import atomic
+    from pretrainlab.runtime.provenance import report_provenance
+    from pretrainlab.runtime.script import rerun_command
+
+    out.mkdir(parents=True, exist_ok=True)
+    provenance = report_provenance(rerun_command())
+    atomic.write_text(out / "provenance.json", json.dumps(provenance, indent=2))
+    atomic.write_text(
+        out / "report.json", json.dumps({"title": title, "about": about, "columns": columns, "rows": rows})
+    )
+    table = _table(out, "")
+    md = (
+        f"# {title}\n\n{about}\n\n{table}\n\n`{provenance['command']}` ({provenance['date']}, {provenance['device']})\n"
+    )
+    atomic.write_text(out / "report.md", md)
+    return out
+
+
 BLOCKS: dict[str, Callable[[Path, str], str]] = {
     "source": _source,
     "comparison": _comparison,
@@ -135,6 +164,7 @@ BLOCKS: dict[str, Callable[[Path, str], str]] = {
     "orderings": _orderings,
     "learning": _learning,
     "cost": _cost,
+    "table": _table,
 }
 
 FORMATS: dict[str, Callable[[float], str]] = {
@@ -186,7 +216,8 @@ def generate(text: str, doc: Path, root: Path) -> str:
         if m["kind"] not in BLOCKS:
             raise DocsError(f"{where}: unknown block {m['kind']!r}; blocks: {', '.join(BLOCKS)}")
         report = report_of(m["name"], where)
-        link = os.path.relpath(report / "comparison.md" if (report / "comparison.md").is_file() else report, doc.parent)
+        main = next((report / f for f in ("comparison.md", "report.md") if (report / f).is_file()), report)
+        link = os.path.relpath(main, doc.parent)
         body = BLOCKS[m["kind"]](report, link).strip("\n")
         return f"{m.group(1)}{body}\n{m['end']}"
 
@@ -262,7 +293,7 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
     if not (report / "provenance.json").is_file():
         raise DocsError(
             f"{report} has no provenance.json (the command, commit, date and device that made it): "
-            "give a study's report/ folder written by this version of pretrainlab"
+            "give a study's report/ folder (or a tool's --out folder) written by this version of pretrainlab"
         )
     if not re.fullmatch(r"[\w.-]+", name):
         raise DocsError(f"--name {name!r}: use letters, digits, '-', '_' or '.'")

@@ -41,6 +41,7 @@ from pretrainlab.evaluation import squad
 from pretrainlab.export.hf import export_hf
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.tools.docs import write_table_report
 
 
 def features(tokenizer, examples: list[squad.Example], cfg, train: bool) -> dict:
@@ -217,7 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print(f"\nboth sides' runs, predictions.json and results.csv: {out}")
+    names = {"pretrainlab": "`finetune.py task=squad`", "transformers": "transformers' `run_qa` recipe"}
+    write_table_report(
+        out / "report",
+        "SQuAD v1.1: pretrainlab against transformers' question-answering recipe",
+        ["side", "seed", "exact match", "F1", "seconds"],
+        [[names[r["side"]], r["seed"], f"{r['exact_match']:.2f}", f"{r['f1']:.2f}", r["seconds"]] for r in rows],
+        about=f"The same exported encoder ({args.pretrained}) fine-tuned by both sides on {len(splits['train'])} "
+        f"training questions and scored on {len(splits['validation'])} dev questions; windows of "
+        f"{cfg.task.max_seq_len} tokens with a stride of {cfg.task.doc_stride}, lr {cfg.task.lr}, "
+        f"{cfg.task.epochs} epochs at batch {cfg.task.batch_size}.",
+    )
+    print(f"\nboth sides' runs, predictions.json, results.csv and report/: {out}")
     return 0
 
 
