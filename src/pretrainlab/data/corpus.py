@@ -262,6 +262,23 @@ class SyntheticCorpus(Corpus):
 _LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+def _loader(path: Path) -> str | None:
+    """How a corpus file is read, by its extension; a file without one is plain text (the layout of
+    many news and web corpora: a folder of numbered files). In a folder, files without an extension
+    are read only when no file there has a supported one."""
+    return "text" if path.suffix == "" else _LOADERS.get(path.suffix.lower())
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    """Whether a file sits in a hidden folder below ``root`` (.git, .cache, ...)."""
+    return any(part.startswith(".") for part in path.relative_to(root).parts[:-1])
+
+
+def _corpus_file(path: Path) -> bool:
+    """A file of a corpus folder: a supported extension, or none (hidden files are left out)."""
+    return path.is_file() and not path.name.startswith(".") and _loader(path) is not None
+
+
 @dataclass
 class TextFiles(Corpus):
     """Local files. ``.txt``: one document per file (``doc_split: file``) or documents separated by
@@ -293,7 +310,11 @@ class TextFiles(Corpus):
         for pattern in self.files:
             p = Path(os.path.expanduser(pattern))
             if p.is_dir():
-                found += sorted(q for q in p.rglob("*") if q.suffix.lower() in _LOADERS)
+                inside = [q for q in p.rglob("*") if _corpus_file(q) and not _hidden(q, p)]
+                typed = [q for q in inside if q.suffix != ""]
+                # files without an extension are the corpus only where nothing has one (a README beside
+                # .txt books is not a book)
+                found += sorted(typed or inside)
             elif any(ch in pattern for ch in "*?["):
                 found += sorted(Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True))
             elif p.is_file():
@@ -301,11 +322,16 @@ class TextFiles(Corpus):
             else:
                 raise FileNotFoundError(f"data.files: {pattern} does not exist.")
         if not found:
-            raise FileNotFoundError(f"data.files={self.files} matched no .txt/.jsonl/.json/.parquet file.")
-        kinds = {_LOADERS.get(p.suffix.lower()) for p in found}
+            raise FileNotFoundError(
+                f"data.files={self.files} matched no .txt/.jsonl/.json/.parquet file (nor a text file without an extension)."
+            )
+        kinds = {_loader(p) for p in found}
         if None in kinds:
-            bad = [str(p) for p in found if p.suffix.lower() not in _LOADERS][:3]
-            raise ValueError(f"unsupported file type: {bad}; use .txt, .jsonl, .json or .parquet.")
+            bad = [str(p) for p in found if _loader(p) is None][:3]
+            raise ValueError(
+                f"unsupported file type: {bad}; use .txt, .jsonl, .json or .parquet (a file without an extension is "
+                "read as text)."
+            )
         if len(kinds) > 1:
             raise ValueError(f"data.files mixes file types {sorted(str(k) for k in kinds)}; use one type per corpus.")
         empty = [str(p) for p in found if p.stat().st_size == 0]
@@ -334,7 +360,7 @@ class TextFiles(Corpus):
 
     def documents(self, cache_dir: Path) -> datasets.Dataset:
         files = self.resolve()
-        loader = _LOADERS[files[0].suffix.lower()]
+        loader = _loader(files[0])
         if loader == "text" and self.doc_split == "file" and len(files) < 2:
             raise CorpusError(
                 f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "
@@ -376,11 +402,14 @@ class TextFiles(Corpus):
         return out
 
     def describe(self) -> str:
-        return f"{len(self.resolve())} local file(s)"
+        files = self.resolve()
+        bare = sum(1 for f in files if f.suffix == "")
+        how = f" ({bare} without an extension, read as plain text)" if bare else ""
+        return f"{len(files)} local file(s){how}"
 
     def few_documents_hint(self) -> str:
         files = self.resolve()
-        if _LOADERS[files[0].suffix.lower()] != "text":
+        if _loader(files[0]) != "text":
             return "a held-out split needs at least 2, and each row of the files is a document: add rows or files."
         if self.doc_split == "file":
             if any(_has_blank_line(f) for f in files):

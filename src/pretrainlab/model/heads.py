@@ -65,6 +65,12 @@ class MaskedLMHead(nn.Module):
             )
             return out if temperature is None else (*out[:2], out[2].view(shape))
         rows = (labels != IGNORE).nonzero().squeeze(1)
+        if rows.numel() == 0:  # nothing to predict in this batch: no loss and no gradient, not 0/0
+            # one row through the head, times 0: every parameter in the graph (as DDP expects), all gradients 0
+            zero = F.linear(self.transform(hidden[:1]), word_embeddings, self.bias).float().sum() * 0.0
+            if temperature is None:
+                return zero, zero.detach()
+            return zero, zero.detach(), torch.full_like(labels, IGNORE).view(shape)
         out = linear_cross_entropy(
             self.transform(hidden[rows]),
             word_embeddings,

@@ -197,7 +197,8 @@ def plain_cross_entropy(
     nothing waits for the device: the path for GPUs and for ``torch.compile``."""
     logits = F.linear(hidden, weight, bias).float()
     valid = labels != ignore_index
-    loss = F.cross_entropy(logits, labels, ignore_index=ignore_index)
+    # the mean over the scored rows, and 0 (no gradient) for a batch with none, where the mean is 0/0
+    loss = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum") / valid.sum().clamp(min=1)
     accuracy = ((logits.detach().argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)
     if temperature is None:
         return loss, accuracy

@@ -108,6 +108,13 @@ class Objective(nn.Module):
     def example_builder(self, max_seq_len: int) -> ExampleBuilder:
         raise NotImplementedError
 
+    def targets_per_sequence(self, max_seq_len: int) -> dict[str, float]:
+        """The prediction targets a full sequence of ``max_seq_len`` tokens holds on average, by the
+        setting that decides it (``{"objective.mask_rate=0.15": 19.2}``); {} for an objective that
+        predicts every token. A setting that leaves too few is refused before training
+        (:func:`check_targets`): most batches would hold nothing to predict."""
+        return {}
+
     def collator(self, length: int | None = None) -> Collator:
         """The batch maker. ``length``: pad every batch to it (static shapes), else to its longest."""
         raise NotImplementedError
@@ -178,6 +185,43 @@ class Objective(nn.Module):
         ``objective.*``), for an encoder exported as ``arch`` (bert, albert, electra). None when
         there is no head to export."""
         return None
+
+
+MIN_TARGETS = 0.5  # prediction targets a sequence must hold on average (8 tokens at RoBERTa's 15%: 0.9)
+
+
+def check_targets(objective: Objective, max_seq_len: int) -> None:
+    """Refuses settings under which a sequence of ``max_seq_len`` tokens holds less than
+    :data:`MIN_TARGETS` prediction targets on average (:meth:`Objective.targets_per_sequence`), naming the setting."""
+    from pretrainlab.config import ConfigError
+
+    for setting, targets in objective.targets_per_sequence(max_seq_len).items():
+        if targets < MIN_TARGETS:
+            raise ConfigError(
+                f"{setting} (objective={objective.name}) leaves {targets:.2f} prediction targets in a sequence of "
+                f"max_seq_len={max_seq_len} tokens on average (at least {MIN_TARGETS} are needed): most sequences "
+                f"would hold nothing to predict. Predict "
+                f"more of each sequence (raise the rate, or lower objective.partial_prediction), or raise max_seq_len."
+            )
+
+
+def loss_weight(name: str, value: float, objective: str) -> float:
+    """A weight of one of an objective's losses, checked: a finite number >= 0 (0 turns that loss off;
+    a negative weight would make training maximise it)."""
+    import math
+
+    from pretrainlab.config import ConfigError
+
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = math.nan
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ConfigError(
+            f"objective.{name}={value} (objective={objective}): a loss weight must be a finite number >= 0; "
+            f"0 turns that loss off, and a negative weight would make training maximise it."
+        )
+    return weight
 
 
 def by_length(sequences: list[np.ndarray]) -> dict[int, list[int]]:

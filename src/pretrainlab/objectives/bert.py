@@ -9,7 +9,7 @@ from pretrainlab.config import ConfigError
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.model.heads import PairHead
-from pretrainlab.objectives.base import Batch, ObjectiveOutput
+from pretrainlab.objectives.base import Batch, ObjectiveOutput, loss_weight
 from pretrainlab.objectives.learning import HeadCheck, Tally, pair_check, pair_metrics, pair_tally
 from pretrainlab.objectives.masked_lm import MaskedLM
 from pretrainlab.tokens import SpecialTokens
@@ -41,7 +41,7 @@ class BERT(MaskedLM):
                 f"model.add_pooler=true."
             )
         super().__init__(encoder_config, tokens, name, **masking)
-        self.short_seq_prob, self.pair_weight = short_seq_prob, pair_weight
+        self.short_seq_prob, self.pair_weight = short_seq_prob, loss_weight("pair_weight", pair_weight, name)
         self.pair_head = PairHead(encoder_config.hidden_size)
 
     def example_builder(self, max_seq_len: int) -> SentencePairs:

@@ -21,7 +21,7 @@ from pretrainlab.data.examples import Example
 from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead, TokenHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length
+from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, loss_weight
 from pretrainlab.objectives.learning import (
     HeadCheck,
     Tally,
@@ -76,13 +76,19 @@ class ELECTRA(MaskingSchedule, Objective):
         if temperature <= 0:
             raise ValueError(f"objective.temperature must be positive, got {temperature}.")
         self.masking = MaskingConfig(mask_rate, mask_token_prob, random_token_prob, whole_word, mask_rate_start)
-        self.gen_weight, self.disc_weight, self.temperature = gen_weight, disc_weight, temperature
+        self.gen_weight = loss_weight("gen_weight", gen_weight, name)
+        self.disc_weight = loss_weight("disc_weight", disc_weight, name)
+        self.temperature = temperature
         self.generator_scale = generator_scale
         self.generator_config = encoder_config.scaled(generator_scale)
         g = self.generator_config
         self.generator = Encoder(g, own_embeddings=False)
         self.generator_head = MaskedLMHead.for_encoder(g)
         self.discriminator_head = TokenHead(encoder_config.hidden_size)
+
+    def targets_per_sequence(self, max_seq_len: int) -> dict[str, float]:  # the generator's masked tokens
+        rates = {"objective.mask_rate": self.masking.rate, "objective.mask_rate_start": self.masking.rate_start}
+        return {f"{k}={r}": r * (max_seq_len - 2) for k, r in rates.items() if r is not None}
 
     def example_builder(self, max_seq_len: int) -> PackedBlocks:
         return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)

@@ -154,6 +154,11 @@ class MaskedLM(MaskingSchedule, Objective):
             batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], rows=batch["mlm_positions"]
         )
 
+    def targets_per_sequence(self, max_seq_len: int) -> dict[str, float]:
+        content = max_seq_len - 2  # [CLS] and [SEP] are never predicted
+        rates = {"objective.mask_rate": self.masking.rate, "objective.mask_rate_start": self.masking.rate_start}
+        return {f"{k}={r}": r * content for k, r in rates.items() if r is not None}
+
     def mlm_loss(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, accuracy) over the masked positions, whose hidden states ``out`` holds as (batch,
         slots, hidden), laid out as ``batch["mlm_positions"]``."""

@@ -30,7 +30,7 @@ from torch import nn
 from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead
-from pretrainlab.objectives.base import Batch, ObjectiveOutput
+from pretrainlab.objectives.base import Batch, ObjectiveOutput, loss_weight
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
 from pretrainlab.objectives.masked_lm import MaskedLMCollator, mlm_head_flops
 from pretrainlab.objectives.masking import corrupt_spans, geometric_probs, select_ngrams, span_boundaries
@@ -117,7 +117,7 @@ class SpanBERT(RoBERTa):
             )
         self.span_p, self.max_span = float(span_p), int(max_span)
         self.boundary_objective, self.max_targets = bool(boundary_objective), int(max_targets)
-        self.sbo_weight = float(sbo_weight)
+        self.sbo_weight = loss_weight("sbo_weight", sbo_weight, name)
         self.sbo_head = SpanBoundaryHead(encoder_config, self.max_targets) if self.boundary_objective else None
 
     def collator(self, length: int | None = None) -> SpanMaskingCollator:

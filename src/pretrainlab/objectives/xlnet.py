@@ -98,6 +98,11 @@ class XLNet(Objective):
         nn.init.normal_(self.query_vector, std=encoder_config.initializer_range)
         self.lm_head = MaskedLMHead.for_encoder(encoder_config)
 
+    def targets_per_sequence(self, max_seq_len: int) -> dict[str, float]:
+        return {
+            f"objective.partial_prediction={1 / self.predict_fraction:g}": (max_seq_len - 2) * self.predict_fraction
+        }
+
     def example_builder(self, max_seq_len: int) -> PackedBlocks:
         return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
 

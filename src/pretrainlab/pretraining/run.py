@@ -12,6 +12,7 @@ Exports and their provenance: ``snapshots.EncoderExport``; stopping on a signal:
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,13 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.model.encoder import EncoderConfig
-from pretrainlab.objectives.base import Objective
+from pretrainlab.objectives.base import Objective, check_targets
 from pretrainlab.optim import Budget, StepProgress
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
@@ -76,6 +77,7 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
     with torch.device("meta"):
         objective = build_objective(cfg, encoder_config, placeholder)
     check_schedule(cfg, objective)
+    check_targets(objective, int(cfg.max_seq_len))
     return encoder_config, plan
 
 
@@ -113,7 +115,23 @@ def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
 def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens: SpecialTokens) -> Objective:
     """The objective plugin named by ``cfg.objective._target_``. Late objects (encoder config,
     special tokens) go in through a partial, so Hydra passes them as they are."""
-    return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
+    try:
+        return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
+    except TypeError as e:
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if not unexpected:
+            raise
+        key, name = unexpected.group(1), cfg.objective.get("name", cfg.objective.get("_target_"))
+        having = [
+            o
+            for o in hydra.options("objective")
+            if key in (OmegaConf.load(hydra.CONF / "objective" / f"{o}.yaml") or {})
+        ]
+        raise ConfigError(
+            f"objective.{key} is not a setting of objective={name} (conf/objective/{name}.yaml lists its settings); "
+            + (f"objective.{key} belongs to {', '.join(having)}." if having else f"no objective has {key}.")
+            + f" Drop objective.{key} from the command line, or choose an objective that has it."
+        ) from None
 
 
 def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_token: float) -> Budget:

@@ -76,6 +76,33 @@ def study_tasks(cfg: DictConfig) -> list[str]:
     return resolve(list(cfg.get("evals") or ["glue"]), list(cfg.glue.tasks))
 
 
+def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
+    """Every evaluation's settings and data files, as its runs will read them (synthetic sets generated
+    into the cache), before the first pretraining run: a missing or mistyped data folder ends the study
+    now, not after hours of pretraining."""
+    from omegaconf import OmegaConf
+
+    from pretrainlab.evaluation import base as evaluations
+    from pretrainlab.studies.suite import task_config
+
+    for name in tasks:
+        task = evaluations.get(name)
+        run_cfg = suite.copy()
+        OmegaConf.set_struct(run_cfg, False)
+        run_cfg.task = task_config(name, plain(suite.task_overrides))
+        try:
+            task.check(run_cfg)
+            files = task.data_files(run_cfg)
+            if files is not None and not files:
+                where = (run_cfg.get(task.data) or {}).get("data_dir")
+                raise FileNotFoundError(f"no data file of {name} in {where or 'the folder its config names'}")
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"evaluation {name} of the study (checked before any pretraining): {e} "
+                f"(its data folder: data_dirs.{task.data} in conf/ablate.yaml or the command line)"
+            ) from None
+
+
 def suite_label(root: Path, encoder: Path, init: str) -> str:
     """A study's name for an encoder's evaluation: roberta-s0, roberta-s0-scratch, roberta-s0-snapshot-0.5."""
     parts = encoder.relative_to(root / "pretrain").parts
@@ -191,6 +218,7 @@ def _run_study(
                     found.append((snapshot_dir(run_dir, fraction), "pretrained"))
         return found
 
+    check_evaluation_inputs(suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained"), tasks)
     # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
     for encoder, init in encoders():
         gcfg = suite_cfg(encoder, init)

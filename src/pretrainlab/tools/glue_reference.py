@@ -29,7 +29,6 @@ import csv
 import logging
 import math
 import sys
-import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,6 +45,7 @@ from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.tools.cli import output_dir, seeds
 
 
 def reinitialise_pooler(hf, name: str = "this model") -> None:
@@ -155,17 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
     parser.add_argument("overrides", nargs="*", help="finetune.py overrides, e.g. task=stsb glue.data_dir=glue_data")
-    parser.add_argument("--seeds", default="0", help="comma-separated fine-tuning seeds")
+    parser.add_argument("--seeds", type=seeds, default="0", help="comma-separated fine-tuning seeds, each once")
     parser.add_argument("--reinit-pooler", action="store_true", help="re-initialise the reference's pooler first")
     parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
-    parser.add_argument("--out", help="a new directory for both sides' runs and results.csv (default: temporary)")
+    parser.add_argument(
+        "--out",
+        help="a new directory for both sides' runs and results.csv (default: runs/references/glue-<date>_<time>)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="glue-reference-"))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SystemExit(f"--out {out} already holds files (an earlier check?): give a new directory.")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(parser, args.out, "glue")
     cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "logger=csv", *args.overrides])
     spec = get_task(cfg.task.name)
     if spec.name not in {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inputs = task_inputs(cfg)
     rows = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in args.seeds:
         cfg.seed = seed
         sides = {}
         if not args.reference_only:

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from pretrainlab.evaluation import squad
 from pretrainlab.export.hf import export_hf
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.tools.cli import output_dir, seeds
 from pretrainlab.tools.docs import write_table_report
 
 
@@ -165,16 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
     parser.add_argument("overrides", nargs="*", help="finetune.py overrides, e.g. squad.data_dir=../shared/data/squad")
-    parser.add_argument("--seeds", default="0", help="comma-separated fine-tuning seeds")
+    parser.add_argument("--seeds", type=seeds, default="0", help="comma-separated fine-tuning seeds, each once")
     parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
-    parser.add_argument("--out", help="a new directory for both sides' runs and results.csv (default: temporary)")
+    parser.add_argument(
+        "--out",
+        help="a new directory for both sides' runs and results.csv (default: runs/references/squad-<date>_<time>)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="squad-reference-"))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SystemExit(f"--out {out} already holds files (an earlier check?): give a new directory.")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(parser, args.out, "squad")
     cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "task=squad", "logger=csv", *args.overrides])
     pretrained = str(cfg.pretrained)
     hf_dir = Path(pretrained[3:]) if pretrained.startswith("hf:") else export_hf(pretrained, out / "hf")
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         s.get("max_eval_examples"),
     )
     rows = []
-    for seed in [int(x) for x in args.seeds.split(",")]:
+    for seed in args.seeds:
         cfg.seed = seed
         sides: dict[str, tuple[dict, float]] = {}
         if not args.reference_only:
