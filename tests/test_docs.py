@@ -89,7 +89,7 @@ def test_values_in_prose_are_filled_from_the_report_and_checked(tmp_path):
     "marker, message",
     [
         ("<!-- report: nope source -->\n<!-- /report -->", "no report 'nope' in docs/results (there are: r)"),
-        ("<!-- report: r table -->\n<!-- /report -->", "unknown block 'table'; blocks: source, comparison"),
+        ("<!-- report: r chart -->\n<!-- /report -->", "unknown block 'chart'; blocks: source, comparison"),
         ("<!-- report: r comparison -->\n<!-- /report -->", "comparison.json is missing"),
         ("<!-- value: r cost.json total_s min --><!-- /value -->", "no 'total_s' in the report"),
         ("<!-- value: r cost.json runs.0 d --><!-- /value -->", "format 'd' does not apply to 0.25"),

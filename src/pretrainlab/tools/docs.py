@@ -20,7 +20,8 @@ same, inline::
 
     pretraining took <!-- value: quick-study cost.json pretraining_s min -->9.0<!-- /value --> minutes
 
-Blocks (:data:`BLOCKS`): ``comparison`` (the comparison table), ``differences`` (against the study's
+Blocks (:data:`BLOCKS`): ``comparison`` (the comparison's main table; ``comparison-full``: all of
+comparison.md), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
 (the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
@@ -77,10 +78,18 @@ def _source(report: Path, link: str) -> str:
     return line
 
 
-def _comparison(report: Path, link: str) -> str:
+def _comparison_full(report: Path, link: str) -> str:
     from pretrainlab.compare import to_markdown
 
     return to_markdown(_load(report, "comparison.json"))
+
+
+def _comparison(report: Path, link: str) -> str:
+    """The comparison's main table alone (its first table; the report's other tables follow it)."""
+    lines = _comparison_full(report, link).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
 
 
 def _differences(report: Path, link: str) -> str:
@@ -160,6 +169,7 @@ def write_table_report(out: Path, title: str, columns: list[str], rows: list[lis
 BLOCKS: dict[str, Callable[[Path, str], str]] = {
     "source": _source,
     "comparison": _comparison,
+    "comparison-full": _comparison_full,
     "differences": _differences,
     "orderings": _orderings,
     "learning": _learning,
@@ -240,24 +250,28 @@ HOME = Path("docs") / "index.md"
 HOME_NOTE = "<!-- generated from README.md by `make docs`: edit README.md -->\n"
 
 
-def site_home(readme: str) -> str:
-    """The documentation site's home page: the README, its links made relative to ``docs/``."""
-    text = re.sub(r"\]\(docs/", "](", readme)
-    text = re.sub(r"\[([^\]]+)\]\((?!https?:|#)([^)]+)\)", _outside_docs, text)
-    return HOME_NOTE + text
+def site_home(readme: str, root: Path = ROOT) -> str:
+    """The documentation site's home page: the README, its links made relative to ``docs/``; a link to
+    a file outside ``docs/`` (CONTRIBUTING.md) becomes its name, as code."""
+    docs_dir = root / "docs"
 
+    def link(m: re.Match) -> str:
+        text, target = m[1], m[2]
+        if re.match(r"(https?:|mailto:|#)", target):
+            return m[0]
+        if target.startswith("docs/"):
+            return f"[{text}]({target[len('docs/') :]})"
+        path = target.split("#", 1)[0]
+        return m[0] if (docs_dir / path).exists() else f"`{path}`"
 
-def _outside_docs(m: re.Match) -> str:
-    """A link from the README to a file outside ``docs/`` (CONTRIBUTING.md): its name, as code."""
-    target = m[2]
-    return m[0] if not (target.startswith("../") or "/" not in target and target.endswith(".md")) else f"`{target}`"
+    return HOME_NOTE + re.sub(r"\[([^\]]+)\]\(([^)]+)\)", link, readme)
 
 
 def expected(root: Path) -> dict[Path, str]:
     """Every generated file's content as its reports and the README make it."""
     out = {doc: generate(doc.read_text(encoding="utf-8"), doc, root) for doc in docs_files(root) if doc != root / HOME}
     if (root / "README.md") in out and (root / "mkdocs.yml").is_file():
-        out[root / HOME] = site_home(out[root / "README.md"])
+        out[root / HOME] = site_home(out[root / "README.md"], root)
     return out
 
 
