@@ -299,6 +299,19 @@ def load(
     return splits, digests
 
 
+def load_config(cfg: DictConfig) -> tuple[dict[str, list[Example]], dict[str, str] | None]:
+    """:func:`load` of the questions ``cfg.squad`` names (what ``task=squad`` fine-tunes and scores on)."""
+    s = cfg.squad
+    return load(
+        s.source,
+        s.data_dir,
+        cfg.cache_dir,
+        plain_or_none(s.get("synthetic")),
+        s.get("max_train_examples"),
+        s.get("max_eval_examples"),
+    )
+
+
 # --- windows -------------------------------------------------------------------------------------------------
 @dataclass
 class Windows:
@@ -517,14 +530,7 @@ class SquadTask(Evaluation):
     def evaluate(self, cfg: DictConfig, model, fitting: Fitting) -> dict:
         t0 = time.time()
         s, task = cfg.squad, cfg.task
-        splits, digests = load(
-            s.source,
-            s.data_dir,
-            cfg.cache_dir,
-            plain_or_none(s.get("synthetic")),
-            s.get("max_train_examples"),
-            s.get("max_eval_examples"),
-        )
+        splits, digests = load_config(cfg)
         cut = functools.partial(
             windows,
             tokenizer=model.tokenizer,

@@ -23,6 +23,21 @@ def seeds(text: str) -> list[int]:
     return values
 
 
+def reference_parser(doc: str | None, example: str, kind: str) -> argparse.ArgumentParser:
+    """The command line both reference tools share: the encoder, finetune.py overrides (``example``),
+    ``--seeds``, ``--reference-only`` and ``--out`` (default ``runs/references/<kind>-<date>_<time>``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
+    parser.add_argument("overrides", nargs="*", help=f"finetune.py overrides, e.g. {example}")
+    parser.add_argument("--seeds", type=seeds, default="0", help="comma-separated fine-tuning seeds, each once")
+    parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
+    parser.add_argument(
+        "--out",
+        help=f"a new directory for both sides' runs and results.csv (default: runs/references/{kind}-<date>_<time>)",
+    )
+    return parser
+
+
 def output_dir(parser: argparse.ArgumentParser, out: str | None, kind: str) -> Path:
     """The tool's new output folder: ``--out`` (which must not hold files yet), else
     ``runs/references/<kind>-<date>_<time>``; created and checked writable now, before the export

@@ -24,7 +24,6 @@ pooler. Prints one row per seed and side; ``--out`` keeps both sides' runs and `
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
 import math
@@ -45,7 +44,7 @@ from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
-from pretrainlab.tools.cli import output_dir, seeds
+from pretrainlab.tools.cli import output_dir, reference_parser
 
 
 def reinitialise_pooler(hf, name: str = "this model") -> None:
@@ -152,16 +151,8 @@ def reference_metrics(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
-    parser.add_argument("overrides", nargs="*", help="finetune.py overrides, e.g. task=stsb glue.data_dir=glue_data")
-    parser.add_argument("--seeds", type=seeds, default="0", help="comma-separated fine-tuning seeds, each once")
+    parser = reference_parser(__doc__, "task=stsb glue.data_dir=glue_data", "glue")
     parser.add_argument("--reinit-pooler", action="store_true", help="re-initialise the reference's pooler first")
-    parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
-    parser.add_argument(
-        "--out",
-        help="a new directory for both sides' runs and results.csv (default: runs/references/glue-<date>_<time>)",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -22,7 +22,6 @@ predictions and ``results.csv``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
@@ -35,12 +34,11 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
-from pretrainlab.config import plain_or_none
 from pretrainlab.evaluation import squad
 from pretrainlab.export.hf import export_hf
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
-from pretrainlab.tools.cli import output_dir, seeds
+from pretrainlab.tools.cli import output_dir, reference_parser
 from pretrainlab.tools.docs import write_table_report
 
 
@@ -162,15 +160,7 @@ def reference(cfg, splits: dict, hf_dir: Path, seed: int) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pretrained", help="a pretraining run directory or its exported encoder")
-    parser.add_argument("overrides", nargs="*", help="finetune.py overrides, e.g. squad.data_dir=../shared/data/squad")
-    parser.add_argument("--seeds", type=seeds, default="0", help="comma-separated fine-tuning seeds, each once")
-    parser.add_argument("--reference-only", action="store_true", help="skip pretrainlab's side")
-    parser.add_argument(
-        "--out",
-        help="a new directory for both sides' runs and results.csv (default: runs/references/squad-<date>_<time>)",
-    )
+    parser = reference_parser(__doc__, "squad.data_dir=../shared/data/squad", "squad")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -178,15 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "task=squad", "logger=csv", *args.overrides])
     pretrained = str(cfg.pretrained)
     hf_dir = Path(pretrained[3:]) if pretrained.startswith("hf:") else export_hf(pretrained, out / "hf")
-    s = cfg.squad
-    splits, _ = squad.load(
-        s.source,
-        s.data_dir,
-        cfg.cache_dir,
-        plain_or_none(s.get("synthetic")),
-        s.get("max_train_examples"),
-        s.get("max_eval_examples"),
-    )
+    splits, _ = squad.load_config(cfg)
     rows = []
     for seed in args.seeds:
         cfg.seed = seed
