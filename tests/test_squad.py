@@ -241,3 +241,22 @@ def test_transformers_question_answering_recipe_learns_the_questions_as_ours_doe
     assert [r[0] for r in report["rows"]] == ["`finetune.py task=squad`", "transformers' `run_qa` recipe"]
     assert report["rows"][0][3] == f"{ours:.2f}" and "200 dev questions" in report["about"]
     assert json.loads((out / "report" / "provenance.json").read_text())["command"].startswith("python ")
+
+
+def test_the_reference_reports_each_sides_mean_over_seeds_and_the_gap_between_them():
+    from pretrainlab.tools.squad_reference import summary
+
+    rows = [
+        {"side": side, "seed": seed, "exact_match": em, "f1": f1, "seconds": 10}
+        for side, seed, em, f1 in [
+            ("pretrainlab", 0, 3.0, 7.0),
+            ("transformers", 0, 4.0, 9.0),
+            ("pretrainlab", 1, 5.0, 9.0),
+            ("transformers", 1, 4.0, 8.0),
+        ]
+    ]
+    means, gap = summary(rows)
+    assert means["pretrainlab"]["f1"] == 8.0 and means["transformers"]["f1"] == 8.5
+    assert means["pretrainlab"]["f1_sd"] == pytest.approx(2**0.5) and means["transformers"]["n"] == 2
+    assert gap == {"exact_match": 0.0, "f1": 0.5}
+    assert summary(rows[:2]) == ({}, {})

@@ -159,6 +159,26 @@ def reference(cfg, splits: dict, hf_dir: Path, seed: int) -> tuple[dict, dict]:
     return squad.scores(predictions, splits["validation"]), predictions
 
 
+def summary(rows: list[dict]) -> tuple[dict[str, dict], dict[str, float]]:
+    """Each side's mean and sample standard deviation over seeds, and transformers' mean minus ours,
+    for exact match and F1 (both sides measured on the same seeds). Empty when there is one seed."""
+    seeds = sorted({r["seed"] for r in rows})
+    if len(seeds) < 2:
+        return {}, {}
+    means: dict[str, dict] = {}
+    for side in dict.fromkeys(r["side"] for r in rows):
+        mine = [r for r in rows if r["side"] == side]
+        m: dict = {"n": len(mine), "seconds": float(np.mean([r["seconds"] for r in mine]))}
+        for key in ("exact_match", "f1"):
+            values = [r[key] for r in mine]
+            m[key], m[f"{key}_sd"] = float(np.mean(values)), float(np.std(values, ddof=1))
+        means[side] = m
+    if set(means) != {"pretrainlab", "transformers"}:
+        return means, {}
+    gap = {k: means["transformers"][k] - means["pretrainlab"][k] for k in ("exact_match", "f1")}
+    return means, gap
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = reference_parser(__doc__, "squad.data_dir=../shared/data/squad", "squad")
     args = parser.parse_args(argv)
@@ -201,15 +221,36 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
     names = {"pretrainlab": "`finetune.py task=squad`", "transformers": "transformers' `run_qa` recipe"}
+    table = [[names[r["side"]], r["seed"], f"{r['exact_match']:.2f}", f"{r['f1']:.2f}", r["seconds"]] for r in rows]
+    means, gap = summary(rows)
+    for side, m in means.items():
+        table.append(
+            [
+                names[side],
+                f"mean of {m['n']} (sd)",
+                f"{m['exact_match']:.2f} ({m['exact_match_sd']:.2f})",
+                f"{m['f1']:.2f} ({m['f1_sd']:.2f})",
+                round(m["seconds"]),
+            ]
+        )
+    about = (
+        f"The same exported encoder ({args.pretrained}) fine-tuned by both sides on {len(splits['train'])} "
+        f"training questions and scored on {len(splits['validation'])} dev questions; windows of "
+        f"{cfg.task.max_seq_len} tokens with a stride of {cfg.task.doc_stride}, lr {cfg.task.lr}, "
+        f"{cfg.task.epochs} epochs at batch {cfg.task.batch_size}."
+    )
+    if gap:
+        about += (
+            f" transformers minus pretrainlab, mean over seeds {', '.join(map(str, args.seeds))}: "
+            f"exact match {gap['exact_match']:+.2f}, F1 {gap['f1']:+.2f}."
+        )
+        print(f"\n{about}")
     write_table_report(
         out / "report",
         "SQuAD v1.1: pretrainlab against transformers' question-answering recipe",
         ["side", "seed", "exact match", "F1", "seconds"],
-        [[names[r["side"]], r["seed"], f"{r['exact_match']:.2f}", f"{r['f1']:.2f}", r["seconds"]] for r in rows],
-        about=f"The same exported encoder ({args.pretrained}) fine-tuned by both sides on {len(splits['train'])} "
-        f"training questions and scored on {len(splits['validation'])} dev questions; windows of "
-        f"{cfg.task.max_seq_len} tokens with a stride of {cfg.task.doc_stride}, lr {cfg.task.lr}, "
-        f"{cfg.task.epochs} epochs at batch {cfg.task.batch_size}.",
+        table,
+        about=about,
     )
     print(f"\nboth sides' runs, predictions.json, results.csv and report/: {out}")
     return 0
