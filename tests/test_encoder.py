@@ -159,7 +159,7 @@ def test_cpu_dropout_is_seeded_fresh_per_call_and_off_in_eval():
 def test_cpu_attention_dropout_path_is_the_attention_math(monkeypatch):
     """In training on CPU attention is computed by hand (to use the cheap dropout); with that dropout
     made the identity it must equal scaled_dot_product_attention, padding mask included."""
-    import pretrainlab.model.attention as encoder_module
+    import pretrainlab.model.encoder as encoder_module
 
     torch.manual_seed(0)
     cfg = EncoderConfig(
@@ -245,7 +245,7 @@ def test_a_causal_pattern_hides_every_later_token_and_per_head_masks_act_per_hea
 
 @pytest.mark.parametrize("shape", ["padding", "example", "head"])
 def test_cpu_attention_fast_path_is_the_attention_math_for_every_mask_shape(monkeypatch, shape):
-    import pretrainlab.model.attention as attention_module
+    import pretrainlab.model.encoder as attention_module
 
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 7, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)

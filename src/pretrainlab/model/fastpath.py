@@ -6,7 +6,7 @@ the model therefore takes its own paths at four places, each computing the same 
 plain one (dropout: the same distribution):
 
     dropout           model/dropout.py      keep-masks from 16-bit slices of 64-bit random words
-    attention         model/attention.py    SDPA's math with that dropout, on (batch x heads) blocks
+    attention         model/encoder.py      SDPA's math with that dropout, on (batch x heads) blocks
     vocabulary loss   model/heads.py        only the scored rows, a slice of the vocabulary at a
                                             time (model/vocab_loss.py)
     padding mask      model/encoder.py      dropped when the batch has no padding
