@@ -118,7 +118,7 @@ def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
 def test_electra_generator_and_discriminator_learn(tmp_path):
     # At this scale the discriminator sits on the all-"original" plateau until it has seen enough
     # replacements: with 15% masking it is still there after 1,200 steps, with 30% (and lr 1e-3) it
-    # leaves it after ~700 (see the README's note on ELECTRA at small scale).
+    # leaves it after ~700 (docs/configuration.md, "ELECTRA at small scale").
     result = train(tmp_path, "electra", 1000, "objective.mask_rate=0.3", "optim.lr=1.0e-3")
     assert result["val/gen_mlm_acc"] > 2 * unigram_baseline()
     replaced = result["val/replaced_frac"]
