@@ -137,22 +137,28 @@ def build_ours(objective_name: str, model: str):
     return encoder, objective
 
 
-def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
-    """The transformers model of the same shape as our encoder config."""
-    import transformers as tf
-
-    common = dict(
+def same_shape(config, vocab_size: int) -> dict:
+    """The arguments of a transformers BERT-family config (``BertConfig``, ``RobertaConfig``, ...) that
+    give our encoder config's shape: widths, depth, heads, positions, segments, dropout, LayerNorm eps."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_layers,
         num_attention_heads=config.num_heads,
         intermediate_size=config.intermediate_size,
         max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=2,
+        type_vocab_size=config.type_vocab_size,
         hidden_dropout_prob=config.hidden_dropout,
         attention_probs_dropout_prob=config.attention_dropout,
-        attn_implementation="sdpa",
+        layer_norm_eps=config.layer_norm_eps,
     )
+
+
+def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
+    """The transformers model of the same shape as our encoder config."""
+    import transformers as tf
+
+    common = {**same_shape(config, vocab_size), "attn_implementation": "sdpa"}
     if objective_name == "bert":
         return tf.BertForPreTraining(tf.BertConfig(**common))
     if objective_name == "roberta":

@@ -48,7 +48,7 @@ from pretrainlab.pretraining.run import (
     build_encoder_config,
     build_objective,
 )
-from pretrainlab.tools.bench import build_hf, hf_labels  # the same-shape transformers models
+from pretrainlab.tools.bench import build_hf, hf_labels, same_shape  # the same-shape transformers models
 
 log = logging.getLogger("pretrainlab")
 
@@ -57,20 +57,7 @@ def reference_model(name: str, config, vocab_size: int):
     if name == "roberta":  # RoBERTa's objective on BERT's architecture, as pretrainlab runs it
         import transformers as tf
 
-        return tf.BertForMaskedLM(
-            tf.BertConfig(
-                vocab_size=vocab_size,
-                hidden_size=config.hidden_size,
-                num_hidden_layers=config.num_layers,
-                num_attention_heads=config.num_heads,
-                intermediate_size=config.intermediate_size,
-                max_position_embeddings=config.max_position_embeddings,
-                type_vocab_size=config.type_vocab_size,
-                hidden_dropout_prob=config.hidden_dropout,
-                attention_probs_dropout_prob=config.attention_dropout,
-                layer_norm_eps=config.layer_norm_eps,
-            )
-        )
+        return tf.BertForMaskedLM(tf.BertConfig(**same_shape(config, vocab_size)))
     return build_hf(name, config, vocab_size=vocab_size)
 
 
