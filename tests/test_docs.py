@@ -143,3 +143,24 @@ def test_the_documentation_site_builds_without_warnings(tmp_path):
     api = (tmp_path / "site" / "api" / "evaluations" / "index.html").read_text()
     assert "pretrainlab.evaluation.base.Evaluation" in api
     assert (tmp_path / "site" / "search" / "search_index.json").is_file()
+
+
+def test_a_tool_reports_table_and_its_conclusion_are_generated_and_checked(tmp_path):
+    """A tool's report (bench, the reference tools): its table and its ``about`` line, which carries what
+    the tool concluded from the table (the SQuAD reference's difference of means), are both generated."""
+    out = docs.write_table_report(
+        tmp_path / "docs" / "results" / "t",
+        "A title",
+        ["side", "F1"],
+        [["ours", "7.71"], ["theirs", "8.75"]],
+        about="theirs minus ours: F1 +1.04.",
+    )
+    assert json.loads((out / "provenance.json").read_text())["command"].startswith("python")
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- report: t about -->\n<!-- /report -->\n\n<!-- report: t table -->\n<!-- /report -->\n")
+    docs.build(tmp_path)
+    text = doc.read_text()
+    assert "<!-- report: t about -->\ntheirs minus ours: F1 +1.04.\n<!-- /report -->" in text
+    assert "| ours | 7.71 |" in text and docs.check(tmp_path) == []
+    doc.write_text(text.replace("+1.04", "+0.04"))
+    assert docs.check(tmp_path) == ["README.md: <!-- report: t about --> differs from its report"]

@@ -23,7 +23,8 @@ same, inline::
 Blocks (:data:`BLOCKS`): ``comparison`` (the comparison's main table; ``comparison-full``: all of
 comparison.md), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
-(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`). Value formats (:data:`FORMATS`): ``min`` and
+(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`)
+and ``about`` (what that table measured, and what the tool concluded from it, in its own words). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
 format spec such as ``.3f``.
 """
@@ -145,6 +146,12 @@ def _table(report: Path, link: str) -> str:
     return "\n".join(lines)
 
 
+def _about(report: Path, link: str) -> str:
+    """A tool report's ``about``: what its table measured and, where the tool computes it, what it
+    concludes (e.g. the difference of two sides' means), as :func:`write_table_report` wrote it."""
+    return str(_load(report, "report.json").get("about") or "")
+
+
 def write_table_report(out: Path, title: str, columns: list[str], rows: list[list], about: str = "") -> Path:
     """A tool's measurements as a report docs can cite: ``report.json`` and ``report.md`` (the table,
     what it measured) and ``provenance.json`` (this process's command, commit, date and device)."""
@@ -175,6 +182,7 @@ BLOCKS: dict[str, Callable[[Path, str], str]] = {
     "learning": _learning,
     "cost": _cost,
     "table": _table,
+    "about": _about,
 }
 
 FORMATS: dict[str, Callable[[float], str]] = {
