@@ -162,8 +162,7 @@ def reference(cfg, splits: dict, hf_dir: Path, seed: int) -> tuple[dict, dict]:
 def summary(rows: list[dict]) -> tuple[dict[str, dict], dict[str, float]]:
     """Each side's mean and sample standard deviation over seeds, and transformers' mean minus ours,
     for exact match and F1 (both sides measured on the same seeds). Empty when there is one seed."""
-    seeds = sorted({r["seed"] for r in rows})
-    if len(seeds) < 2:
+    if len({r["seed"] for r in rows}) < 2:
         return {}, {}
     means: dict[str, dict] = {}
     for side in dict.fromkeys(r["side"] for r in rows):
