@@ -108,7 +108,7 @@ def test_a_compiled_training_run_gives_the_eager_losses(tmp_path, monkeypatch):
         return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}, rows
 
     run(compose_train(*overrides), tmp_path / "eager")
-    monkeypatch.setattr("pretrainlab.runtime.devices.compile_options", lambda cfg: {"backend": "aot_eager"})
+    monkeypatch.setattr("pretrainlab.runtime.settings.compile_options", lambda cfg: {"backend": "aot_eager"})
     torch._dynamo.reset()
     run(compose_train(*overrides, "compile=true"), tmp_path / "compiled")
     eager, _ = losses(tmp_path / "eager")

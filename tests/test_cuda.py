@@ -66,7 +66,7 @@ def test_the_compiled_step_follows_batches_of_varying_shape(name):
     many masked slots as its fullest row: recompiled with dynamic shapes at the second shape), the step
     equals eager at every shape. With torch 2.11's defaults inductor failed at that recompile
     (``dynamic_shape_options``)."""
-    from pretrainlab.runtime.devices import compile_options
+    from pretrainlab.runtime.settings import compile_options
 
     kwargs = compile_options(compose_train(f"objective={name}", "trainer=gpu", "compile=true"))
     assert kwargs is not None and kwargs["dynamic"] is None

@@ -124,7 +124,7 @@ def test_segment_ids_matter_and_long_inputs_are_refused():
 # --- the CPU dropout -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_cpu_dropout_drops_at_the_rate_and_keeps_the_expectation(p):
-    from pretrainlab.model.dropout import dropout
+    from pretrainlab.model.encoder import dropout
 
     torch.manual_seed(0)
     x = torch.ones(1 << 22, requires_grad=True)  # 4M elements: a rate's standard error is < 0.00025
@@ -142,7 +142,7 @@ def test_cpu_dropout_drops_at_the_rate_and_keeps_the_expectation(p):
 
 
 def test_cpu_dropout_is_seeded_fresh_per_call_and_off_in_eval():
-    from pretrainlab.model.dropout import Dropout
+    from pretrainlab.model.encoder import Dropout
 
     x = torch.ones(4, 1000)
     layer = Dropout(0.3)

@@ -413,7 +413,7 @@ def test_a_pickled_hf_checkpoint_is_refused_with_how_to_convert_it(trained, tmp_
     from safetensors.torch import load_file
 
     from pretrainlab.export.hf import export_hf
-    from pretrainlab.finetuning.encoders import load_pretrained
+    from pretrainlab.finetuning import load_pretrained
 
     hf = tmp_path / "hf"
     export_hf(trained, hf)

@@ -17,7 +17,7 @@ import torch
 from pretrainlab.config import ConfigError
 from pretrainlab.data.batches import EpochBatches
 from pretrainlab.pretraining.run import run
-from pretrainlab.runtime.devices import batch_split
+from pretrainlab.runtime.settings import batch_split
 from tests.conftest import ROOT, SMALL, compose_config, compose_train
 
 # short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
@@ -66,7 +66,7 @@ def test_the_device_plan_is_decided_from_the_config_once():
     import torch._inductor
     import torch._inductor.config
 
-    from pretrainlab.runtime.devices import DevicePlan
+    from pretrainlab.runtime.settings import DevicePlan
 
     plan = DevicePlan.of(compose_train("trainer=cpu", "trainer.devices=2", "compile=false"), 64, 16)
     assert (plan.world, plan.micro_batch, plan.accumulate) == (2, 16, 2)

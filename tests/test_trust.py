@@ -552,7 +552,7 @@ def test_a_study_reports_only_the_runs_tasks_and_seeds_it_asks_for(tmp_path):
 
 
 def test_an_encoder_replaced_while_it_is_loaded_is_not_recorded_under_the_old_hash(finished, tmp_path, monkeypatch):
-    import pretrainlab.finetuning.encoders as encoders
+    import pretrainlab.finetuning as encoders
 
     run_dir = copy_of(finished, tmp_path)
     other = tmp_path / "other"

@@ -389,13 +389,13 @@ def evaluate(
 
 
 def run_task(cfg, model) -> dict:
-    """``task=blimp`` on ``model`` (a ``finetuning.encoders.Pretrained``): the objective it was
+    """``task=blimp`` on ``model`` (a ``finetuning.Pretrained``): the objective it was
     pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
     seeded), scores every pair. Returns the results' fields."""
 
     from pretrainlab.config import ConfigError
     from pretrainlab.export.native import load_objective
-    from pretrainlab.runtime.devices import inference_autocast, inference_device
+    from pretrainlab.runtime.settings import inference_autocast, inference_device
 
     if str(cfg.pretrained).startswith("hf:"):
         raise ConfigError(

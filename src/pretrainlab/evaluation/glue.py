@@ -24,8 +24,7 @@ from torch import nn
 
 from pretrainlab.config import plain_or_none
 from pretrainlab.evaluation.base import Evaluation
-from pretrainlab.finetuning.loop import Fitting, Job
-from pretrainlab.finetuning.module import Trainable
+from pretrainlab.finetuning import Fitting, Job, Trainable
 from pretrainlab.glue.data import (
     EncodedDataset,
     EncodedSplit,

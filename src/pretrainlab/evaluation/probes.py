@@ -209,10 +209,10 @@ def probe_all(
 
 # --- the tasks --------------------------------------------------------------------------------------------
 def run_task(cfg, model) -> dict:
-    """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``finetuning.encoders.Pretrained``):
+    """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``finetuning.Pretrained``):
     features (cached), probes, the results' fields."""
 
-    from pretrainlab.runtime.devices import inference_autocast, inference_device
+    from pretrainlab.runtime.settings import inference_autocast, inference_device
 
     t0 = time.time()
     device = inference_device(cfg)

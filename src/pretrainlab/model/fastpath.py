@@ -5,7 +5,7 @@ materialising vocabulary-sized logits, masking keys that are never padding. In e
 the model therefore takes its own paths at four places, each computing the same values as the
 plain one (dropout: the same distribution):
 
-    dropout           model/dropout.py      keep-masks from 16-bit slices of 64-bit random words
+    dropout           model/encoder.py      keep-masks from 16-bit slices of 64-bit random words
     attention         model/encoder.py      SDPA's math with that dropout, on (batch x heads) blocks
     vocabulary loss   model/heads.py        only the scored rows, a slice of the vocabulary at a
                                             time (model/vocab_loss.py)

@@ -40,8 +40,8 @@ from pretrainlab.objectives import learning
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.optim import Budget, OptimConfig, StepProgress
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
-from pretrainlab.runtime.loggers import log_interval
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
+from pretrainlab.runtime.script import log_interval
 
 log = logging.getLogger("pretrainlab")
 

@@ -39,11 +39,10 @@ from pretrainlab.runtime import hydra, wandb_runs
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
 from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
-from pretrainlab.runtime.devices import DevicePlan, check_precision, refuse_multirun_ddp
 from pretrainlab.runtime.provenance import code_history
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
-from pretrainlab.runtime.settings import check_pretraining
+from pretrainlab.runtime.settings import DevicePlan, check_precision, check_pretraining, refuse_multirun_ddp
 from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint
 from pretrainlab.tokens import SpecialTokens, special_tokens
 

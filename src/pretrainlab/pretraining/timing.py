@@ -22,7 +22,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from pretrainlab.runtime.loggers import log_interval
+from pretrainlab.runtime.script import log_interval
 
 
 class StepTimer(Callback):

@@ -1,6 +1,10 @@
 """A run's skeleton, shared by pretraining and fine-tuning: its directory, the process set-up
 (malloc, seed), its config file, its logger (closed with the run's exit code) and progress bar.
 
+The logger is Weights & Biases (offline by default; ``wandb_runs``), CSV, or none. The composed config
+is logged as a flat dict of dotted keys plus ``choice.<group>`` entries, so keys locked by a W&B sweep
+(e.g. ``objective``) never hide the composed groups' values.
+
     script = RunScript.of(cfg, run_dir, choices)   # run_dir None: Hydra's output directory
     script.start()                                 # directory, malloc, seed: after the checks
     ...                                            # data, model
@@ -23,21 +27,80 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab.runtime import hydra, wandb_runs
 from pretrainlab.runtime.console import quiet_third_parties
-from pretrainlab.runtime.devices import set_matmul_precision
-from pretrainlab.runtime.loggers import build_logger
 from pretrainlab.runtime.malloc import keep_freed_memory
+from pretrainlab.runtime.settings import set_matmul_precision
 
 
 def rerun_command() -> str:
     """This process's command line, quoted for the shell: the command that runs it again (a study
     or a GLUE suite continues where it stopped when run again)."""
     return " ".join(["python", *map(shlex.quote, sys.argv)])
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list) and any(isinstance(x, (dict, list)) for x in d):
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def run_name(cfg: DictConfig, choices: dict[str, str]) -> str:
+    model = choices.get("model", "model")
+    return f"{cfg.objective.name}-{model}-s{cfg.seed}"
+
+
+def build_logger(
+    cfg: DictConfig,
+    run_dir: Path,
+    choices: dict[str, str],
+    name: str | None = None,
+    group: str | None = None,
+    job_type: str = "pretrain",
+    extra: dict | None = None,
+    resume: bool = False,
+) -> Logger | bool:
+    """The configured logger, with the flattened config logged. W&B runs are named and grouped
+    (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``.
+    ``resume``: the run continues from a checkpoint of this run directory, and so continues its
+    W&B run (the id kept in ``.wandb_id``); otherwise it is a new W&B run."""
+    lcfg = cfg.get("logger")
+    if not lcfg or not lcfg.get("_target_"):
+        return False
+    kwargs: dict[str, Any] = {"save_dir": str(run_dir)}
+    target = lcfg["_target_"]
+    if target.endswith("WandbLogger"):
+        kwargs.update(
+            wandb_runs.init_kwargs(
+                lcfg, run_dir, name or run_name(cfg, choices), group or cfg.objective.name, job_type, resume
+            )
+        )
+    logger = instantiate(lcfg, **kwargs)
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    params.update({f"choice.{k}": v for k, v in choices.items()})
+    params.update(extra or {})
+    logger.log_hyperparams(params)
+    if isinstance(logger, pl_loggers.WandbLogger):
+        wandb_runs.remember_id(logger, run_dir / ".wandb_id")
+    return logger
+
+
+def log_interval(trainer: Any) -> int:
+    """Lightning's ``log_every_n_steps``: set on the trainer when it is built, not declared on its class."""
+    return int(trainer.log_every_n_steps)
 
 
 @dataclass
@@ -105,4 +168,4 @@ class RunScript:
         self._file_handler = handler
 
 
-__all__ = ["RunScript", "rerun_command"]
+__all__ = ["RunScript", "build_logger", "log_interval", "rerun_command", "run_name"]

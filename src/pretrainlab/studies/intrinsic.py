@@ -32,7 +32,7 @@ from pretrainlab.objectives import learning
 from pretrainlab.objectives.learning import AT, PAST, HeadCheck
 from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
 from pretrainlab.runtime.checkpoints import read
-from pretrainlab.runtime.devices import uses_cuda
+from pretrainlab.runtime.settings import uses_cuda
 
 log = logging.getLogger("pretrainlab")
 

@@ -264,8 +264,8 @@ class Case:
     ):
         import torch
 
-        from pretrainlab.runtime.devices import set_matmul_precision
         from pretrainlab.runtime.malloc import keep_freed_memory
+        from pretrainlab.runtime.settings import set_matmul_precision
 
         if malloc == "keep":
             keep_freed_memory()
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pretrainlab.runtime.devices import set_matmul_precision
+    from pretrainlab.runtime.settings import set_matmul_precision
 
     set_matmul_precision(True)  # the peak and both sides with TF32 for fp32 on GPUs, as training
 

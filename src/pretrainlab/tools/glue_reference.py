@@ -38,7 +38,7 @@ from hydra.utils import instantiate
 
 from pretrainlab.evaluation.glue import glue_examples
 from pretrainlab.export.hf import export_hf
-from pretrainlab.finetuning.encoders import load_pretrained
+from pretrainlab.finetuning import load_pretrained
 from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate
 from pretrainlab.glue.metrics import compute
 from pretrainlab.glue.tasks import TaskSpec, get_task, task_score

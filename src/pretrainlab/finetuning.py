@@ -1,0 +1,367 @@
+"""Fine-tuning machinery that every evaluation of an encoder shares (``pretrainlab.evaluation``),
+in the order a fine-tuned evaluation uses it:
+
+    Pretrained, load_pretrained   which encoder (a run, an export, ``hf:<dir>``, ``init=scratch``),
+                                  loaded with its tokenizer, and its identity (``encoder_identity``),
+                                  by which results are matched to it; zero-shot and probed
+                                  evaluations use it too
+    Trainable                     the LightningModule base of every fine-tuned head (optimizer, dev
+                                  metrics after every epoch)
+    Job, Fitting                  train a head with its encoder for ``task.epochs``, evaluating after each
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+from pretrainlab.config import ConfigError
+from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, load_encoder, resolve_export_dir
+from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.optim import OptimConfig
+from pretrainlab.runtime.nonfinite import NonFiniteWatch
+from pretrainlab.runtime.script import RunScript, log_interval
+from pretrainlab.runtime.settings import DevicePlan
+from pretrainlab.runtime.signals import SaveOnSignal
+from pretrainlab.runtime.wandb_runs import read_wandb_id
+from pretrainlab.tokens import SpecialTokens, special_tokens
+
+# --- The encoder ------------------------------------------------------------------------------
+# The encoder a fine-tuning run starts from: a pretraining run, an exported encoder, a Hugging
+# Face checkpoint (``hf:<dir>``), or any of them re-initialised (``init=scratch``: the same
+# architecture and tokenizer from random weights, the baseline that shows what pretraining bought);
+# and its identity, by which results are matched to it.
+
+
+@dataclass
+class Pretrained:
+    """An encoder to fine-tune, its tokenizer, and where it came from."""
+
+    encoder: Encoder
+    tokenizer: Tokenizer
+    tokens: SpecialTokens
+    label: str  # the row name in comparisons: objective, "scratch", "hf:<name>"
+    source: dict  # provenance: path, objective, pretraining run, W&B id
+
+
+def shape_name(cfg) -> str:
+    """An encoder's shape in a few characters (L2-H128, L12-H768-E128-shared), for encoders whose
+    model preset is not recorded."""
+    name = f"L{cfg.num_layers}-H{cfg.hidden_size}"
+    if cfg.embedding_size != cfg.hidden_size:
+        name += f"-E{cfg.embedding_size}"
+    return name + ("-shared" if cfg.share_layers else "")
+
+
+def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
+    """What identifies the encoder ``pretrained`` names, without loading it: ``encoder_id`` (the
+    sha256 of its weights file; for ``init=scratch``, a hash of its architecture and tokenizer),
+    ``weights_sha256``, ``model`` (the model preset it was pretrained with, or its shape) and
+    ``pretrain_seed``; ``pretrain_flops`` and ``fraction`` (of its run's budget: below 1 for a
+    snapshot, see ``pretrainlab.pretraining.snapshots``) when recorded. Finished GLUE results are keyed by ``encoder_id``: a run directory
+    pretrained again holds another encoder, whatever its path."""
+    if init not in ("pretrained", "scratch"):
+        raise ConfigError(f"init={init!r}: expected pretrained or scratch.")
+    if not pretrained or pretrained == "???":
+        raise ConfigError("pretrained=<run directory or exported encoder> is required.")
+    if str(pretrained).startswith("hf:"):
+        from pretrainlab.export.hf import encoder_config_from_hf, model_name
+
+        d = Path(os.path.expanduser(str(pretrained)[3:]))
+        weights = next((d / f for f in ("model.safetensors", "pytorch_model.bin") if (d / f).is_file()), None)
+        if weights is None or not (d / "config.json").is_file():
+            raise FileNotFoundError(
+                f"hf:{d}: expected a transformers directory (config.json and model.safetensors or pytorch_model.bin)."
+            )
+        cfg, _ = encoder_config_from_hf(json.loads((d / "config.json").read_text()))
+        tokenizer = next((d / f for f in ("tokenizer.json", "vocab.txt") if (d / f).is_file()), None)
+        model, seed, pre = model_name(d), None, {}  # type: str, int | None, dict
+    else:
+        d = resolve_export_dir(pretrained)
+        meta = json.loads((d / CONFIG).read_text())
+        cfg = EncoderConfig.from_dict(meta["encoder"])
+        pre = meta.get("pretraining") or {}
+        weights, tokenizer = d / WEIGHTS, d / TOKENIZER
+        model = (pre.get("choices") or {}).get("model") or shape_name(cfg)
+        seed = (pre.get("config") or {}).get("seed")
+    digest = file_digest(weights)
+    identity = {
+        "weights_sha256": digest,
+        "model": model,
+        "pretrain_seed": seed,
+        "encoder_id": digest,
+        "pretrain_flops": pre.get("flops"),
+        "fraction": pre.get("fraction"),
+    }
+    if init == "scratch":
+        identity["encoder_id"] = fingerprint(
+            {"scratch": cfg.to_dict(), "tokenizer": file_digest(tokenizer) if tokenizer else None}
+        )
+        identity.update(pretrain_seed=None, pretrain_flops=0.0, fraction=None)
+    return identity
+
+
+def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) -> Pretrained:
+    identity = encoder_identity(pretrained, init)
+    if str(pretrained).startswith("hf:"):
+        from pretrainlab.export.hf import load_hf_encoder
+
+        encoder, tokenizer, tokens, source = load_hf_encoder(str(pretrained)[3:])
+        label = f"hf:{source['name']}"
+    else:
+        path = resolve_export_dir(pretrained)
+        encoder, tokenizer, meta = load_encoder(path)
+        names = {role: tokenizer.id_to_token(i) for role, i in meta["special_tokens"].items()}
+        tokens = special_tokens(tokenizer, names)
+        pre = meta.get("pretraining", {})
+        run_dir = pre.get("run_dir")
+        wandb_id = read_wandb_id(Path(run_dir))[0] if run_dir else None
+        wandb_group = ((pre.get("config") or {}).get("logger") or {}).get("group") or pre.get("objective")
+        source = {
+            "path": str(path.resolve()),
+            "objective": pre.get("objective"),
+            "run_dir": run_dir,
+            "global_step": pre.get("global_step"),
+            "tokens_seen": pre.get("tokens_seen"),
+            "wandb_id": wandb_id,
+            "wandb_group": wandb_group,
+        }
+        label = pre.get("objective") or path.name
+    if init == "scratch":
+        torch.manual_seed(seed)
+        encoder = Encoder(encoder.config)
+        label = "scratch"
+    if encoder_identity(pretrained, init)["weights_sha256"] != identity["weights_sha256"]:
+        raise RuntimeError(
+            f"the encoder at {pretrained} changed while it was being loaded (is it being pretrained or "
+            f"exported again?): its results could not be matched to it. Run again once it is written."
+        )
+    source.update(identity, init=init)
+    return Pretrained(encoder, tokenizer, tokens, label, source)
+
+
+# --- The trainable ----------------------------------------------------------------------------
+# What every fine-tuned head on a pretrained (or freshly initialised) encoder shares: ``Trainable``.
+# The heads themselves belong to their evaluations (GLUE's classifier, the NER tagger, SQuAD's span
+# head: ``pretrainlab.evaluation``). Their dev sets are scored at the end of every epoch, logged as
+# ``val/<metric>`` and kept in ``history``.
+
+
+class Trainable(L.LightningModule):
+    """What every fine-tuned head shares: the encoder, AdamW with warmup and linear decay, the
+    non-finite loss watch, logging, and an evaluation after every epoch whose metrics go to
+    ``val/<metric>`` and ``history``. Subclasses give ``logits``, ``loss``, ``validation_step`` (which
+    appends to ``self._outputs[dataloader]``) and ``evaluate`` (outputs -> metrics)."""
+
+    def __init__(self, encoder: Encoder, optim: OptimConfig, total_steps: int, compile: dict | None = None):
+        """``compile``: ``torch.compile`` options for the forward (None: eager)."""
+        super().__init__()
+        self.encoder = encoder
+        self.optim, self.total_steps = optim, total_steps
+        self.history: list[dict] = []
+        self._outputs: dict[int, list] = {}
+        self.nonfinite = NonFiniteWatch()
+        self.compile_options = compile
+        self._compiled: Callable[[dict], torch.Tensor] | None = (
+            None  # made in setup(), in the process that trains (a compiled function does not pickle)
+        )
+
+    def setup(self, stage: str) -> None:
+        if self.compile_options is not None and self._compiled is None:
+            self._compiled = torch.compile(self.logits, **self.compile_options)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_compiled": None}
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return (self._compiled or self.logits)(batch)
+
+    def logits(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def evaluate(self, outputs: dict[int, list]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(self(batch), batch["labels"])
+        self.nonfinite.record(loss)  # looked at when logging and before every evaluation
+        if (self.global_step + 1) % log_interval(self.trainer) == 0:
+            self.log("train/loss", loss.detach(), prog_bar=True)
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.nonfinite.advance()
+        if self.trainer.global_step % log_interval(self.trainer) == 0:
+            self._check_finite()
+
+    def on_train_start(self) -> None:
+        self.nonfinite.start(self.global_step)
+
+    def _check_finite(self) -> None:
+        self.nonfinite.check("fine-tuning loss", "Lower task.lr or raise task.warmup.")
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._check_finite()
+        self._outputs = {}
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._outputs:
+            return
+        metrics = self.evaluate(self._outputs)
+        if not metrics:
+            return
+        for name, value in metrics.items():
+            self.log(f"val/{name}", value, rank_zero_only=True)
+        if not self.trainer.sanity_checking:
+            self.history.append({"epoch": self.current_epoch + 1, "step": self.global_step, "metrics": metrics})
+
+    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.all_gather(x))
+
+    def gather_padded(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every rank's tensors (their first dimension may differ by one: padded to agree), flattened."""
+        out = []
+        for x in tensors:
+            size = torch.tensor([x.shape[0]], device=x.device)
+            longest = int(self._all_gather(size).max())
+            padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, longest - x.shape[0]), value=-1)
+            out.append(self._all_gather(padded).flatten(0, 1))
+        keep = out[0] >= 0 if out[0].dim() == 1 else torch.ones(len(out[0]), dtype=torch.bool, device=out[0].device)
+        return tuple(x[keep] for x in out)
+
+    # --- optimisation -----------------------------------------------------------------------------
+    def configure_optimizers(self):
+        opt = self.optim.optimizer(self, "mixed" in str(self.trainer.precision))
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": self.optim.schedule(opt, self.total_steps), "interval": "step"},
+        }
+
+
+# --- The loop ---------------------------------------------------------------------------------
+# The loop every fine-tuned evaluation shares (GLUE's classifier, the NER tagger, SQuAD's span head):
+# an evaluation builds a :class:`Job` (its head on the encoder, a ``Trainable``, and its data loaders)
+# and hands it to :class:`Fitting`, which the runner (``evaluation.run``) lends it. ``Fitting.fit``
+# trains it for ``task.epochs`` with the run's trainer, logger and signal handling, evaluates the dev
+# sets after every epoch, and returns the fields its results share: the metrics after the **last**
+# epoch (never the best epoch picked on the same dev set, which would flatter every model), every
+# epoch's in ``history``.
+
+
+@dataclass
+class Job:
+    """What a fine-tuned evaluation brings to the shared loop: its head on the encoder, its batches,
+    and what its results add (``fields``: examples, its trivial baseline's metrics, its data)."""
+
+    module: Trainable
+    train_loader: torch.utils.data.DataLoader
+    eval_loaders: list[torch.utils.data.DataLoader]
+    steps_per_epoch: int
+    eval_examples: dict[str, int]
+    fields: dict = field(default_factory=dict)
+
+
+class Fitting:
+    """The run a fine-tuned evaluation trains in: ``plan`` (devices, batch split, compile) and ``optim``
+    (AdamW with the task's recipe) for the job's module; ``fit(job)`` trains and evaluates it.
+    ``make_logger(eval_examples)``: the run's logger, built once the job knows its dev sets."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        script: RunScript,
+        name: str,
+        plan: DevicePlan,
+        optim: OptimConfig,
+        make_logger: Callable[[dict[str, int]], Any],
+        resume_hint: str,
+    ):
+        self.cfg, self.script, self.name = cfg, script, name
+        self.plan, self.optim = plan, optim
+        self.make_logger, self.resume_hint = make_logger, resume_hint
+        self.logger: Any = None
+        self.stopper: SaveOnSignal | None = None
+        self.primary = True  # this process writes the results (the first rank)
+
+    def steps(self, examples: int) -> tuple[int, int]:
+        """(optimizer steps per epoch, in all) for ``examples`` training examples."""
+        per_epoch = math.ceil(examples / self.cfg.task.batch_size)
+        return per_epoch, per_epoch * int(self.cfg.task.epochs)
+
+    def fit(self, job: Job) -> dict:
+        """Train ``job`` for ``task.epochs`` and evaluate it after every epoch; the results' shared
+        fields. A signal stops it without results (the run's command continues it); dev metrics that
+        are not finite (fine-tuning diverged) are refused."""
+        cfg = self.cfg
+        module = job.module
+        total_steps = job.steps_per_epoch * cfg.task.epochs
+        self.logger = self.make_logger(job.eval_examples)
+        self.stopper = stopper = SaveOnSignal(None)
+        trainer: L.Trainer = instantiate(
+            cfg.trainer,
+            max_epochs=cfg.task.epochs,
+            default_root_dir=str(self.script.dir),
+            logger=self.logger,
+            callbacks=[stopper, *self.script.callbacks()],
+            limit_val_batches=1.0,
+            num_sanity_val_steps=0,
+            check_val_every_n_epoch=1,
+            enable_checkpointing=False,
+            gradient_clip_val=self.optim.grad_clip,
+            log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10), job.steps_per_epoch),
+        )
+        stopper.fit(trainer, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
+        if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
+            self.script.exit_code = stopper.exit_code  # stopping is always for a signal: signum is set
+            stopper.exit(
+                f"fine-tuning of {self.name} (seed {cfg.seed}) stopped at step {trainer.global_step} of "
+                f"{total_steps}; no results were written. Continue with:\n  {self.resume_hint}"
+            )
+        if not module.history:
+            raise RuntimeError("fine-tuning finished without an evaluation; is task.epochs at least 1?")
+        final = module.history[-1]["metrics"]
+        diverged = {k: v for k, v in final.items() if not math.isfinite(v)}
+        if diverged:
+            raise FloatingPointError(
+                f"{self.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
+                f"): fine-tuning diverged. No results were written; lower task.lr (it is {cfg.task.lr}) or check the "
+                f"encoder."
+            )
+        self.primary = trainer.is_global_zero
+        return {
+            "metrics": final,
+            "reported_epoch": "last",
+            "history": module.history,
+            "eval_examples": job.eval_examples,
+            **job.fields,
+            **({"detail": module.detail} if getattr(module, "detail", None) else {}),
+            "steps": trainer.global_step,
+        }
+
+    def finish(self) -> None:
+        """After the results are written: a signal that came during the last evaluation stops the run now."""
+        if self.stopper is not None and self.stopper.signum is not None:
+            self.stopper.exit(
+                f"fine-tuning of {self.name} (seed {self.cfg.seed}) had finished; its results are written. Stopping."
+            )
+
+
+__all__ = ["Fitting", "Job", "Pretrained", "Trainable", "encoder_identity", "load_pretrained", "shape_name"]
