@@ -76,3 +76,32 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
     assert report["rows"][0][5] == f"{results[0]['ours_over_hf']:.2f}x" and report["about"].startswith("cpu (")
     assert json.loads((tmp_path / "report" / "provenance.json").read_text())["device"].startswith("CPU only")
     assert "data pipeline, first (cold cache)" in out.stdout and "DataLoader (1 worker(s))" in out.stdout
+
+
+def test_a_bench_cut_off_keeps_the_cells_it_measured_in_its_report(tmp_path, monkeypatch):
+    """--report is written after every model and precision: a run stopped in its second cell (a GPU
+    slot's time limit) leaves a report of its first, which says that the run did not finish."""
+    from pretrainlab.tools import bench
+
+    def case(model, precision, impl):
+        return {
+            "impl": impl, "model": model, "objective": "roberta", "precision": precision,
+            "tokens_per_s": 1000.0 if impl == "ours" else 500.0, "ours_over_hf": 2.0, "mfu": 0.1, "peak_mem_mb": 10.0,
+        }  # fmt: skip
+
+    def cases(args, model, precision, objectives):
+        if model == "mini":
+            raise KeyboardInterrupt  # the second cell never finishes
+        return [case(model, precision, "ours"), case(model, precision, "hf")]
+
+    monkeypatch.setattr(bench, "bench_cases", cases)
+    report = tmp_path / "report"
+    argv = ["--model", "tiny,mini", "--objectives", "roberta", "--precision", "fp32", "--device", "cpu"]
+    try:
+        bench.main([*argv, "--report", str(report), "--json", str(tmp_path / "bench.json")])
+    except KeyboardInterrupt:
+        pass
+    written = json.loads((report / "report.json").read_text())
+    assert [row[:3] for row in written["rows"]] == [["tiny", "roberta", "fp32"]]
+    assert "1 of 2 model/precision cells (the run did not finish)" in written["about"]
+    assert len(json.loads((tmp_path / "bench.json").read_text())) == 2

@@ -551,25 +551,35 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [o for o in objectives if o not in HF_CLASSES]
     if unknown:
         parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(HF_CLASSES)}")
-    for model in [m for m in args.model.split(",") if m]:
-        for precision in args.precision.split(",") if objectives else []:
-            results += bench_cases(args, model, precision, objectives)
+    cells = [(m, p) for m in args.model.split(",") if m for p in args.precision.split(",") if objectives]
+    about = f"{args.device} ({hardware}), {torch.get_num_threads()} threads; seq {args.seq_len}, batch {args.batch}"
+    for done, (model, precision) in enumerate(cells, 1):
+        results += bench_cases(args, model, precision, objectives)
+        # written after every model and precision: a run cut off (a GPU slot's time limit) keeps what it measured
+        left = "" if done == len(cells) else f"; {done} of {len(cells)} model/precision cells (the run did not finish)"
+        write_outputs(args, results, about + left)
+    if not cells:
+        write_outputs(args, results, about)
     if results:
         print_table(results)
+        if args.report:
+            print(f"report -> {args.report} (python -m pretrainlab.tools.docs publish {args.report} --name <name>)")
+    if args.data:
+        print()
+        bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
+    return 0
+
+
+def write_outputs(args, results: list[dict], about: str) -> None:
+    """``--json`` and ``--report`` with the cases measured so far."""
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if args.report and results:
         from pretrainlab.tools.docs import write_table_report
 
-        about = f"{args.device} ({hardware}), {torch.get_num_threads()} threads; seq {args.seq_len}, batch {args.batch}"
         write_table_report(
             Path(args.report), "Pretraining step: ours against transformers", COLUMNS, table_rows(results), about
         )
-        print(f"report -> {args.report} (python -m pretrainlab.tools.docs publish {args.report} --name <name>)")
-    if args.data:
-        print()
-        bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)
-    return 0
 
 
 def bench_cases(args, model: str, precision: str, objectives: list[str]) -> list[dict]:
