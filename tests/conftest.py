@@ -31,18 +31,6 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(int(_threads))
 
 
-def _expected_seconds(item) -> float:
-    marker = item.get_closest_marker("slow")
-    return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
-
-
-def pytest_collection_modifyitems(items):
-    """The tests marked ``slow(seconds=...)`` first, longest first; every other test keeps its place.
-    pytest-xdist (make test) hands the first tests out to its workers in turn, so the longest tests
-    start at once on different workers instead of one of them starting last while the others wait."""
-    items.sort(key=_expected_seconds, reverse=True)  # stable: the order of equal keys is kept
-
-
 def pytest_runtest_logreport(report):
     """With PRETRAINLAB_TEST_FAILURES=<file>, every failure's traceback is appended to that file as it
     happens (from the process that ran the test, with or without pytest-xdist), so that a suite cut

@@ -51,7 +51,6 @@ def train(tmp_path, objective: str, steps: int, *extra: str) -> dict:
     return result
 
 
-@pytest.mark.slow(seconds=41)
 def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
     result = train(tmp_path, "roberta", 500)
     baseline = unigram_baseline()
@@ -64,7 +63,6 @@ def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
-@pytest.mark.slow(seconds=45)
 def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
     """Every target predicted through the query stream, which never sees its own token: all of its
     accuracy is prediction from context (no copying of a kept token, as a masked LM's tenth)."""
@@ -78,7 +76,6 @@ def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
-@pytest.mark.slow(seconds=60)
 def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path):
     result = train(tmp_path, "clm", 500)
     baseline = unigram_baseline()
@@ -88,7 +85,6 @@ def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path
     assert [c["status"] for c in result["learning"]] == ["past baseline"]
 
 
-@pytest.mark.slow(seconds=55)
 def test_the_hybrid_learns_both_its_masked_and_its_causal_head(tmp_path):
     """GPT-BERT at its 1/16 causal share (a quarter here, so that 500 steps hold enough causal rows
     to measure): both the masked positions and the next tokens far above the unigram baseline."""
@@ -98,7 +94,6 @@ def test_the_hybrid_learns_both_its_masked_and_its_causal_head(tmp_path):
     assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
 
 
-@pytest.mark.slow(seconds=100)
 @pytest.mark.parametrize("objective, pair, steps", [("bert", "nsp", 1200), ("albert", "sop", 1200)])
 def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
     result = train(tmp_path, objective, steps)
@@ -120,7 +115,6 @@ def test_pair_objectives_learn_both_heads(tmp_path, objective, pair, steps):
         assert 0.35 < cross < 0.65, cross
 
 
-@pytest.mark.slow(seconds=140)
 def test_electra_generator_and_discriminator_learn(tmp_path):
     # At this scale the discriminator sits on the all-"original" plateau until it has seen enough
     # replacements: with 15% masking it is still there after 1,200 steps, with 30% (and lr 1e-3) it
@@ -139,7 +133,6 @@ def test_electra_generator_and_discriminator_learn(tmp_path):
     assert result["learning/gen_acc_at_mask"] > 2 * result["learning/gen_unigram_acc"]
 
 
-@pytest.mark.slow(seconds=44)
 def test_spanbert_learns_its_spans_from_context_and_from_their_boundaries(tmp_path):
     """Both of SpanBERT's heads far above the unigram baseline: the masked LM at span tokens, and
     the span boundary objective, which sees only the two tokens outside a span and an offset."""
@@ -152,7 +145,6 @@ def test_spanbert_learns_its_spans_from_context_and_from_their_boundaries(tmp_pa
     assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
 
 
-@pytest.mark.slow(seconds=47)
 def test_clm_then_mlm_learns_the_masked_lm_in_its_second_half(tmp_path):
     """CLM for the first half of 500 steps, then MLM: at the switch the masked LM is at its baseline
     (a causal phase teaches nothing of [MASK]); at the end it is far above it."""

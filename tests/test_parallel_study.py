@@ -119,7 +119,7 @@ def test_a_failed_run_is_named_with_its_log_and_the_other_run_finishes(tmp_path)
     assert not (root / "bert-s0" / "encoder").exists()
 
 
-@pytest.mark.slow(seconds=70)
+@pytest.mark.slow
 def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_resumes(tmp_path):
     """SIGTERM to the study while both runs train: each saves a checkpoint and stops, the study exits
     143 with the command that continues it; that command resumes both runs from their checkpoints."""

@@ -197,7 +197,7 @@ def _retar(archive: Path, out: Path, edit) -> Path:
     return out
 
 
-@pytest.mark.slow(seconds=180)
+@pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
     """Scaled down (tiny encoders, generated data, a 90-second slot on a CPU): the first slot
     calibrates and plans its budget, the second takes it from the first one's archive; each brings back

@@ -137,7 +137,7 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())
 
 
-@pytest.mark.slow(seconds=290)
+@pytest.mark.slow
 def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     """conf/ablate_quick.yaml as shipped, with one objective: RoBERTa against the same encoder from
     scratch on the study's three GLUE tasks (dev sets of words the tasks' training sets never show), three
