@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ SMALL = [
     "jobs=2",
     "glue.tasks=[sst2]",
     "glue.seeds=[0]",
-    "slot.reserve_s.evaluation=5",
+    "slot.reserve_s.evaluation=40",  # two encoders at once, then scratch, on a busy CPU
     "slot.reserve_s.report=5",
     "slot.startup_s=2",
     "slot.finish_s=2",
@@ -199,14 +200,14 @@ def _retar(archive: Path, out: Path, edit) -> Path:
 
 @pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
-    """Scaled down (tiny encoders, generated data, a 90-second slot on a CPU): the first slot
+    """Scaled down (tiny encoders, generated data, a two-minute slot on a CPU): the first slot
     calibrates and plans its budget, the second takes it from the first one's archive; each brings back
     one archive without weights; merged, they make one report over two pretraining seeds."""
     from pretrainlab.slot.archive import MergeError, merge
 
     _, inputs = packed
     out = tmp_path / "out"
-    first = _slot(inputs, out, 0, "s0", "--minutes", "1.5", cwd=tmp_path)
+    first = _slot(inputs, out, 0, "s0", "--minutes", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     a = out / "slot-s0.tar.gz"
     record = _record(a)
@@ -255,3 +256,24 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     failed = _retar(b, tmp_path / "failed.tar.gz", lambda r: r.update(error="RuntimeError: out of time"))
     with pytest.raises(MergeError, match="a slot that failed"):
         merge([a, failed], tmp_path / "with-failed")
+
+
+def test_a_slot_keeps_to_its_time_and_brings_back_what_finished(packed, tmp_path):
+    """A slot given far less time than its work takes stops the work in progress when its minutes
+    are up (less what writing the archive keeps) and still brings back an archive, which names the
+    phase the time ran out in; the merge refuses it as a slot that failed."""
+    from pretrainlab.slot.archive import MergeError, merge
+
+    _, inputs = packed
+    out = tmp_path / "out"
+    started = time.time()
+    done = _slot(inputs, out, 0, "s0", "--minutes", "0.3", "--budget-flops", "1e12", cwd=tmp_path)
+    took = time.time() - started
+    assert done.returncode != 0 and "TimeUp: the slot's 0.3 minutes ran out" in done.stderr, done.stderr[-3000:]
+    assert took < 0.3 * 60 + 20, took  # stopped, not run to the end (the full scaled-down slot takes minutes)
+    (archive,) = out.glob("slot-s0-failed-*.tar.gz")
+    record = _record(archive)
+    assert record["error"].startswith("TimeUp: the slot's 0.3 minutes ran out (less 5 s kept for its archive) during")
+    assert record["wall_s"] < 0.3 * 60 + 10
+    with pytest.raises(MergeError, match="a slot that failed"):
+        merge([archive], tmp_path / "merged")

@@ -11,19 +11,24 @@
     archive     ``<out>/<study>-s<seed>.tar.gz``: the results without weights (``archive``)
 
 The archive is written whatever happens, a failure included (its ``slot.json`` then says what
-failed), so that a slot always brings back what it learned. Re-running the same command with the
+failed), so that a slot always brings back what it learned. The slot keeps to its time: when its
+``--minutes`` are up, less what writing the archive keeps (``slot.reserve_s.report``), the work in
+progress is stopped (``TimeUp``) and the archive says in which phase. Re-running the same command with the
 same ``--work`` continues a slot that was stopped: the budget it planned is kept, finished runs and
 results are skipped (the study's own resumption).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +88,34 @@ class Timeline:
                 continue
             out[name] = {"from_s": round(t - self.start, 1), "seconds": round(nxt - t, 1), "at": t, "until": nxt}
         return out
+
+
+class TimeUp(BaseException):
+    """The slot's time ran out: raised in the main thread, it stops the work in progress as Ctrl-C
+    does (every process is sent SIGTERM), and the slot writes its archive."""
+
+
+@contextlib.contextmanager
+def time_limit(at: float, timeline: Timeline, minutes: float, kept_s: float) -> Iterator[None]:
+    """Raise :class:`TimeUp` in this thread at ``at`` (``time.time()``), naming the phase it stops."""
+    if not hasattr(signal, "setitimer"):  # no interval timers (Windows): the slot is not stopped
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        raise TimeUp(
+            f"the slot's {minutes:g} minutes ran out (less {kept_s:g} s kept for its archive) during its "
+            f"{timeline.marks[-1][0]} phase; the work in progress was stopped and what finished is in this "
+            f"archive. Give the slot more time (--minutes) or less work (objectives, glue.tasks, glue.seeds)."
+        )
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> DictConfig:
@@ -280,6 +313,7 @@ def run_slot(a: SlotArgs) -> Path:
     }
     study_dir = work / "slot"  # until the study's config names it
     archive = a.out / f"slot-s{a.seed}.tar.gz"
+    stack = contextlib.ExitStack()  # the slot's time limit, once its length is known
     try:
         timeline.mark("unpack")
         inputs, manifest = unpack(a.inputs, work)
@@ -291,6 +325,8 @@ def run_slot(a: SlotArgs) -> Path:
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
         deadline = a.started_at + 60 * minutes
         record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
+        kept_s = float(cfg.slot.reserve_s.report)
+        stack.enter_context(time_limit(deadline - kept_s, timeline, minutes, kept_s))
         plan_file = study_dir / "plan.json"
         if plan_file.is_file():
             plan = json.loads(plan_file.read_text())
@@ -317,6 +353,7 @@ def run_slot(a: SlotArgs) -> Path:
         log.error("slot failed: %s", record["error"])
         raise
     finally:
+        stack.close()
         utilisation.stop()
         account(record, timeline, utilisation, study_dir)
         report = study_dir / "report"
@@ -337,4 +374,4 @@ def run_slot(a: SlotArgs) -> Path:
     return archive
 
 
-__all__ = ["SlotArgs", "Timeline", "compose_study", "run_slot", "settings"]
+__all__ = ["SlotArgs", "Timeline", "TimeUp", "compose_study", "run_slot", "settings", "time_limit"]
