@@ -185,8 +185,8 @@ def probe_all(
 ) -> dict:
     """Fit the probes of every layer, the last four and the scalar mix on ``device`` (where the
     features were computed: fitted on one CPU thread, they took half of an encoder's evaluation in a
-    GPU slot); ``score(predictions)``
-    of each on the dev features. Returns {"probes": {name: score}, "mix_weights": [...]}."""
+    GPU slot); ``score(predictions)`` of each on the dev features. Returns {"probes": {name: score},
+    "mix_weights": [...]}."""
     mean = train_x.astype(np.float32).mean(0, keepdims=True)
     sd = train_x.astype(np.float32).std(0, keepdims=True) + 1e-6
     xt = torch.from_numpy((train_x.astype(np.float32) - mean) / sd).to(device)
