@@ -106,12 +106,13 @@ def masked_tally(
     scored = labels != IGNORE
     h, y, x = hidden[scored], labels[scored], shown[scored]
     kind = torch.where(x == mask_id, 0, torch.where(x == y, 1, 2))
-    correct = torch.zeros(len(y), dtype=torch.bool, device=y.device)
+    answers = torch.zeros(len(y), dtype=torch.long, device=y.device)
     nll = torch.zeros(len(y), dtype=torch.float64, device=y.device)
     for s in range(0, len(y), chunk):
         z = logits(h[s : s + chunk]).float()
-        correct[s : s + chunk] = z.argmax(-1) == y[s : s + chunk]
+        answers[s : s + chunk] = z.argmax(-1)
         nll[s : s + chunk] = F.cross_entropy(z, y[s : s + chunk], reduction="none").double()
+    correct = answers == y
     out: Tally = {}
     for k, name in enumerate(KINDS):
         sel = kind == k
@@ -119,6 +120,8 @@ def masked_tally(
         out[f"{prefix}_correct_{name}"] = (correct & sel).sum().double()
         out[f"{prefix}_nll_{name}"] = nll[sel].sum()
     out[f"{prefix}_labels_at_mask"] = torch.bincount(y[kind == 0], minlength=vocab_size).double()
+    # what it answers at [MASK]: one token everywhere is the unigram plateau (or a collapse)
+    out[f"{prefix}_answers_at_mask"] = torch.bincount(answers[kind == 0], minlength=vocab_size).double()
     return out
 
 
@@ -147,6 +150,12 @@ def masked_metrics(prefix: str, tally: dict, token_counts=None) -> dict[str, flo
     else:
         out[f"{prefix}_unigram_loss"] = float(-(p * p.log()).sum()) if n else math.nan
     out[f"{prefix}_n_at_mask"] = tally[f"{prefix}_n_mask"]
+    answers = tally.get(f"{prefix}_answers_at_mask")
+    if answers is not None:  # tallies recorded before the answers were counted have none
+        answers = torch.as_tensor(answers, dtype=torch.float64)
+        given = float(answers.sum())
+        out[f"{prefix}_distinct_answers"] = float((answers > 0).sum())
+        out[f"{prefix}_top_answer_share"] = float(answers.max()) / given if given else math.nan
     return out
 
 
@@ -163,7 +172,47 @@ def masked_check(head: str, prefix: str, m: dict[str, float], where: str = "[MAS
     detail = f"loss at {where} {m[f'{prefix}_loss_at_mask']:.3f} vs unigram {m[f'{prefix}_unigram_loss']:.3f}" + (
         f"; accuracy {shown}" if shown else ""
     )
+    if f"{prefix}_distinct_answers" in m:
+        detail += (
+            f"; {int(m[f'{prefix}_distinct_answers']):,} distinct answer(s) at {where} "
+            f"(the commonest {m[f'{prefix}_top_answer_share']:.0%} of them)"
+        )
     return HeadCheck(head, f"{prefix}_acc_at_mask", value, base, "most frequent token", status, detail)
+
+
+# --- the encoder's final states ------------------------------------------------------------------------
+COLLAPSED = 0.95  # mean cosine of final states above which every token looks alike to the heads
+
+
+def states_tally(encoder: torch.nn.Module, batch: dict) -> Tally:
+    """The encoder's final hidden states at the batch's real tokens, as fine-tuning computes them (every
+    position attending every real one): the sum of their unit vectors and their count, from which
+    :func:`states_metrics` gives their mean pairwise cosine. A collapsed encoder (Noci et al., 2022:
+    rank collapse) gives every token nearly the same state, cosine near 1; an encoder on its unigram
+    plateau still tells its tokens apart."""
+    out = encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
+    real = batch["attention_mask"].bool()
+    unit = F.normalize(out.hidden_states[real].float(), dim=-1)
+    return {"states_unit_sum": unit.sum(0).double(), "states_n": torch.tensor(float(len(unit)), device=unit.device)}
+
+
+def states_metrics(tally: dict) -> dict[str, float]:
+    """``hidden_cosine``: the mean cosine over distinct pairs of held-out tokens' final states,
+    (|sum of unit vectors|^2 - n) / (n (n - 1))."""
+    if "states_n" not in tally:
+        return {}
+    n = float(tally["states_n"])
+    total = torch.as_tensor(tally["states_unit_sum"], dtype=torch.float64)
+    return {"hidden_cosine": (float(total @ total) - n) / (n * (n - 1)) if n > 1 else math.nan}
+
+
+def states_line(metrics: dict[str, float]) -> str:
+    """What the final states say, for a run's console summary and a study's learning.md."""
+    cosine = metrics.get("hidden_cosine", math.nan)
+    if not math.isfinite(cosine):
+        return ""
+    verdict = "collapsed: every token looks alike" if cosine >= COLLAPSED else "tokens told apart"
+    return f"final states' mean cosine {cosine:.2f} ({verdict})"
 
 
 # --- replaced-token detection ------------------------------------------------------------------------
@@ -255,6 +304,7 @@ __all__ = [
     "PAST",
     "HeadCheck",
     "Tally",
+    "COLLAPSED",
     "add",
     "auc_from_histograms",
     "detection_check",
@@ -266,5 +316,8 @@ __all__ = [
     "pair_check",
     "pair_metrics",
     "pair_tally",
+    "states_line",
+    "states_metrics",
+    "states_tally",
     "to_host",
 ]

@@ -114,6 +114,7 @@ class PretrainModule(L.LightningModule):
         self._start_step = 0
         self._tally: learning.Tally | None = None
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
+        self.learning_states = ""  # what the encoder's final states say there (learning.states_line)
         self.learning_row: dict | None = None  # the same, as a row of <run>/learning.csv
 
     def objective_loss(self, batch: Batch) -> ObjectiveOutput:
@@ -204,6 +205,7 @@ class PretrainModule(L.LightningModule):
         if not self.trainer.sanity_checking:
             with torch.no_grad():
                 self._tally = learning.add(self._tally, self.objective.tally(self.encoder, batch))
+                self._tally = learning.add(self._tally, learning.states_tally(self.encoder, batch))
 
     # --- what the heads learned (objectives.learning) ------------------------------------------
     def on_validation_epoch_start(self) -> None:
@@ -217,7 +219,10 @@ class PretrainModule(L.LightningModule):
         if dist.is_available() and dist.is_initialized():
             for value in self._tally.values():
                 dist.all_reduce(value)
-        metrics, self.learning_checks = self.objective.learning(learning.to_host(self._tally))
+        host = learning.to_host(self._tally)
+        metrics, self.learning_checks = self.objective.learning(host)
+        metrics |= learning.states_metrics(host)
+        self.learning_states = learning.states_line(metrics)
         self._tally = None
         self.learning_row = {
             "step": self.global_step,
@@ -227,7 +232,7 @@ class PretrainModule(L.LightningModule):
             **{
                 f"{key}:{c.head}": getattr(c, key)
                 for c in self.learning_checks
-                for key in ("value", "baseline", "status")
+                for key in ("metric", "value", "baseline", "status")
             },
         }
         for name, number in metrics.items():

@@ -411,15 +411,17 @@ def finish(
     result["learning"] = [c.to_dict() for c in module.learning_checks]
     if trainer.is_global_zero:
         log.info("%s", summary_line(result, module.tokens, run_dir))
-        report_learning(module.objective.name, module.learning_checks)
+        report_learning(module.objective.name, module.learning_checks, module.learning_states)
     return result
 
 
-def report_learning(objective: str, checks: list) -> None:
-    """Each head's last held-out check beside its trivial baseline, and a warning for the heads
-    still at it."""
+def report_learning(objective: str, checks: list, states: str = "") -> None:
+    """Each head's last held-out check beside its trivial baseline, what the encoder's final states
+    say (``states``: ``learning.states_line``), and a warning for the heads still at it."""
     for check in checks:
         log.info("learned: %s", check.line())
+    if states:
+        log.info("encoder: %s", states)
     if checks and all(c.at_baseline for c in checks):
         log.warning(
             "every head of %s is still at its trivial baseline on held-out text: this encoder has "

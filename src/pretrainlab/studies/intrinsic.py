@@ -92,9 +92,12 @@ def evaluate(
         count += n
         if pair_task is None:
             tally = learning.add(tally, objective.tally(encoder, batch))
+            tally = learning.add(tally, learning.states_tally(encoder, batch))
     result: dict = {name: total / count for name, total in sums.items()} | {"examples": count}
     if pair_task is None:
-        metrics, checks = objective.learning(learning.to_host(tally or {}))
+        host = learning.to_host(tally or {})
+        metrics, checks = objective.learning(host)
+        metrics |= learning.states_metrics(host)
         result["learning"] = {"objective": objective.name, "metrics": metrics, "checks": [c.to_dict() for c in checks]}
     return result
 
@@ -165,13 +168,19 @@ def learning_markdown(rows: dict[str, dict]) -> str:
                 f"| {name} | {c['head']} | {c['value']:.3f} | {c['baseline']:.3f} ({c['baseline_name']}) | "
                 f"{verdict} | {c['detail']} |"
             )
+        states = learning.states_line(row.get("metrics") or {})
+        if states:
+            collapsed = row["metrics"]["hidden_cosine"] >= learning.COLLAPSED
+            lines.append(f"| {name} | encoder | | | {'**collapsed**' if collapsed else 'not collapsed'} | {states} |")
     lines += [
         "",
         "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
         "same positions (past baseline: at least twice it, with a loss below the token frequencies'); replaced-token detection: AUC beside always "
         'answering "original" (0.5; past: AUC >= 0.75 with a tenth of the replacements found; at '
         "baseline: under 2% found); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
-        "z >= 3). A comparison of encoders at their baseline measures nothing of their objectives yet.",
+        "z >= 3). Encoder: the mean cosine between the final hidden states of held-out tokens (collapsed "
+        f"at {learning.COLLAPSED} or more: every token looks alike, a broken run rather than a slow one). A comparison of encoders "
+        "at their baseline measures nothing of their objectives yet.",
     ]
     return "\n".join(lines)
 
