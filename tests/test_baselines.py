@@ -417,3 +417,67 @@ def test_the_learning_curves_figure_gives_an_objective_one_colour_and_one_legend
     assert legend == ["bert: MLM at [MASK]", "bert: NSP", "roberta: MLM at [MASK]", "trivial baseline"]
     assert lines["bert: MLM at [MASK]"].get_color() != lines["roberta: MLM at [MASK]"].get_color()
     assert lines["bert: MLM at [MASK]"].get_linestyle() != lines["bert: NSP"].get_linestyle()
+
+
+def test_a_collapsed_encoder_is_told_from_one_on_its_plateau():
+    """The encoder's final states: an encoder whose every token ends in one state (what held XLNet at its
+    unigram baseline on the GPU) is collapsed, with one answer at [MASK]; a fresh one tells its tokens
+    apart. The cosine is the mean over distinct pairs, and tallies of batches add up to the whole's."""
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    encoder = Encoder(cfg).eval()
+    ids = torch.randint(5, 60, (6, 20))
+    mask = torch.ones_like(ids)
+    mask[:, 15:] = 0  # padding is left out
+    batch = {"input_ids": ids, "attention_mask": mask}
+    with torch.no_grad():
+        fresh = learning.states_metrics(learning.to_host(learning.states_tally(encoder, batch)))
+        states = encoder(ids, None, mask).hidden_states[mask.bool()]
+        unit = torch.nn.functional.normalize(states, dim=-1).double()
+        pairs = unit @ unit.T
+        n = len(unit)
+        assert fresh["hidden_cosine"] == pytest.approx(float((pairs.sum() - n) / (n * (n - 1))), abs=1e-6)
+        halves = [
+            learning.states_tally(encoder, {k: v[s] for k, v in batch.items()}) for s in (slice(0, 2), slice(2, None))
+        ]
+        whole = learning.states_metrics(learning.to_host(learning.add(learning.add(None, halves[0]), halves[1])))
+        assert whole["hidden_cosine"] == pytest.approx(fresh["hidden_cosine"], abs=1e-6)
+        assert fresh["hidden_cosine"] < 0.5 and "tokens told apart" in learning.states_line(fresh)
+        last = encoder.layers[-1].ffn_norm  # every token's last state the same vector: collapsed
+        last.weight.zero_(), last.bias.normal_()
+        collapsed = learning.states_metrics(learning.to_host(learning.states_tally(encoder, batch)))
+    assert collapsed["hidden_cosine"] > learning.COLLAPSED and "collapsed" in learning.states_line(collapsed)
+
+    # one answer at every [MASK]: the masked check says how many distinct answers there were
+    labels = torch.randint(0, 50, (10, 8))
+    shown = torch.full_like(labels, MASK)
+    hidden = torch.zeros(10, 8, 4)
+    m = learning.masked_metrics(
+        "mlm",
+        learning.to_host(
+            learning.masked_tally("mlm", lambda h: h @ torch.ones(4, 50), hidden, labels, shown, MASK, 50)
+        ),
+    )
+    assert m["mlm_distinct_answers"] == 1 and m["mlm_top_answer_share"] == 1.0
+    assert "1 distinct answer(s) at [MASK]" in learning.masked_check("MLM at [MASK]", "mlm", m).detail
+
+
+def test_a_run_and_a_study_say_whether_the_encoder_collapsed(tmp_path, caplog):
+    """Every validation's row of learning.csv holds the hidden cosine, the run's summary says what it
+    means, and a study's learning.md has a line for each run's encoder."""
+    from pretrainlab.pretraining.learning_log import read_rows
+    from pretrainlab.pretraining.run import run
+    from pretrainlab.studies.intrinsic import learning_markdown
+
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        run(compose_train(*SMALL, "objective=xlnet", "max_steps=4", "val_every=2"), tmp_path)
+    curve = read_rows(tmp_path / "learning.csv")
+    assert [r["step"] for r in curve] == ["2", "4"]
+    assert all(0.0 < float(r["hidden_cosine"]) < 1.0 for r in curve) and "plm_distinct_answers" in curve[-1]
+    assert "encoder: final states' mean cosine" in caplog.text
+    row = {"objective": "xlnet", "metrics": {"hidden_cosine": 0.99998}, "checks": []}
+    assert "| xlnet-s0 | encoder | | | **collapsed** | final states' mean cosine 1.00" in learning_markdown(
+        {"xlnet-s0": row}
+    )
+    row["metrics"]["hidden_cosine"] = 0.2
+    assert "| xlnet-s0 | encoder | | | not collapsed |" in learning_markdown({"xlnet-s0": row})

@@ -213,7 +213,7 @@ def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list
     from pretrainlab.pretraining.learning_log import read_rows
     from pretrainlab.tools.docs import write_table_report
 
-    curves = {arm: read_rows(out / "runs" / arm / LEARNING) for arm in arms}
+    curves = {arm: read_rows(out / "runs" / arm / LEARNING) for arm in arms if (out / "runs" / arm).is_dir()}
     report = out / "report"
     text = (
         f'{about} Common to every arm: `{" ".join(common)}`. "Above/past from": the first validation '

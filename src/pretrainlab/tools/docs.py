@@ -23,7 +23,8 @@ same, inline::
 Blocks (:data:`BLOCKS`): ``comparison`` (the comparison's main table; ``comparison-full``: all of
 comparison.md), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
-(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`)
+(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`), ``curves`` (an arms report's
+learning curves: ``pretrainlab.tools.arms``)
 and ``about`` (what that table measured, and what the tool concluded from it, in its own words). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
 format spec such as ``.3f``.
@@ -152,6 +153,25 @@ def _about(report: Path, link: str) -> str:
     return str(_load(report, "report.json").get("about") or "")
 
 
+def _curves(report: Path, link: str) -> str:
+    """An arms report's learning curves (``curves.csv``, ``pretrainlab.tools.arms``): a row per arm and
+    head, a column per validation step, each cell the head's held-out value / the encoder's hidden cosine."""
+    import csv
+
+    path = report / "curves.csv"
+    if not path.is_file():
+        raise DocsError(f"{path} is missing: publish the arms report again (python -m pretrainlab.tools.docs publish)")
+    rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
+    steps = sorted({int(r["step"]) for r in rows})
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    for r in rows:
+        cosine = f" / {float(r['hidden_cosine']):.2f}" if r.get("hidden_cosine") else ""
+        cells.setdefault((r["arm"], r["head"]), {})[int(r["step"])] = f"{float(r['value']):.3f}{cosine}"
+    lines = ["| arm | head | " + " | ".join(f"{s:,}" for s in steps) + " |", "|" + "---|" * (len(steps) + 2)]
+    lines += [f"| {a} | {h} | " + " | ".join(c.get(s, "") for s in steps) + " |" for (a, h), c in cells.items()]
+    return "\n".join(lines)
+
+
 def write_table_report(out: Path, title: str, columns: list[str], rows: list[list], about: str = "") -> Path:
     """A tool's measurements as a report docs can cite: ``report.json`` and ``report.md`` (the table,
     what it measured) and ``provenance.json`` (this process's command, commit, date and device)."""
@@ -182,6 +202,7 @@ BLOCKS: dict[str, Callable[[Path, str], str]] = {
     "learning": _learning,
     "cost": _cost,
     "table": _table,
+    "curves": _curves,
     "about": _about,
 }
 
