@@ -124,6 +124,40 @@ def test_publish_copies_a_report_with_its_provenance_and_keeps_one_already_there
         docs.publish(study, "../x", root=tmp_path)
 
 
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b", "x..y", ""])
+def test_a_report_name_that_is_not_one_folder_is_refused_and_nothing_is_deleted(tmp_path, name):
+    """`publish --name . --replace` once deleted every report in docs/results (and `..` all of docs/)."""
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "provenance.json").write_text("{}")
+    kept = tmp_path / "docs" / "results" / "kept"
+    kept.mkdir(parents=True)
+    (kept / "report.json").write_text("{}")
+    (tmp_path / "docs" / "page.md").write_text("text")
+    with pytest.raises(docs.DocsError, match="one folder name under docs/results"):
+        docs.publish(study, name, root=tmp_path, replace=True)
+    assert (kept / "report.json").is_file() and (tmp_path / "docs" / "page.md").is_file()
+
+
+def test_the_docs_tool_works_on_the_checkout_it_runs_in_and_refuses_outside_one(tmp_path, monkeypatch, capsys):
+    """With one install and two checkouts, `publish` in one once wrote into the other's docs."""
+    (tmp_path / "other").mkdir()
+    other = _copy(tmp_path / "other")
+    (other / "pyproject.toml").write_text('[project]\nname = "pretrainlab"\n')
+    readme = other / "README.md"
+    readme.write_text(readme.read_text(encoding="utf-8").replace("| albert |", "| ALBERT |", 1), encoding="utf-8")
+    monkeypatch.chdir(other / "docs")
+    assert docs.main(["check"]) == 1  # this checkout's README, not the installed tree's
+    assert "README.md: <!-- report: quick-study comparison --> differs" in capsys.readouterr().out
+    assert (ROOT / "README.md").read_text(encoding="utf-8").count("| ALBERT |") == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    assert docs.main(["build"]) == 2
+    assert "is not inside a pretrainlab checkout" in capsys.readouterr().err
+    assert docs.main(["--root", str(other), "build"]) == 0 and "| albert |" in readme.read_text(encoding="utf-8")
+
+
 def test_the_docs_state_no_test_counts():
     for f in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *docs.docs_files(ROOT)]:
         text = f.read_text(encoding="utf-8")

@@ -610,3 +610,31 @@ def test_the_reference_draws_a_loaded_pooler_afresh(tmp_path):
     electra = transformers.ElectraForSequenceClassification(transformers.ElectraConfig(embedding_size=64, **small))
     with pytest.raises(SystemExit, match="the electra export in x has no pooler"):
         reinitialise_pooler(electra, "the electra export in x")
+
+
+def test_intervals_lie_inside_their_metrics_range_and_the_table_says_they_were_cut():
+    """Three seeds that disagree about an accuracy near 100 gave a t interval of (77.0, 114.3) in the
+    README; an MCC may go below 0, an accuracy not."""
+    from pretrainlab.compare import aggregate
+    from pretrainlab.compare.tables import to_markdown
+
+    results = [_result("bert", "tiny", 0, "b0", "sst2", s, v) for s, v in enumerate([1.0, 0.98, 0.85])]
+    results += [_result("bert", "tiny", 0, "b0", "rte", s, v) for s, v in enumerate([0.50, 0.55, 0.60])]
+    cola = [_result("bert", "tiny", 0, "b0", "cola", s, v) for s, v in enumerate([0.4, -0.2, 0.1])]
+    for r in cola:
+        r["metrics"] = {"mcc": r["metrics"].pop("accuracy")}
+    table = aggregate(results + cola)
+    sst2 = table["cells"]["bert"]["sst2"]["summary"]["ci"]
+    assert sst2[1] == 100.0 and 0.0 <= sst2[0] < 94.3  # the mean
+    assert table["cells"]["bert"]["cola"]["summary"]["ci"][0] < 0.0  # MCC's range starts at -100
+    glue = table["glue"]["bert"]["summary"]["ci"]
+    assert -100.0 / 3 <= glue[0] and glue[1] <= 100.0
+    text = to_markdown(table)
+    assert "(" in text and ", 100.0)" in text and "Intervals are cut at the ends of their metric's range" in text
+    numbers = [float(x) for x in __import__("re").findall(r"\((-?[\d.]+), (-?[\d.]+)\)", text)[0]]
+    assert all(-100.0 <= x <= 100.0 for x in numbers)
+    # an old report's stored interval past the range is cut where it is shown
+    table["cells"]["bert"]["sst2"]["summary"]["ci"] = [80.0, 114.3]
+    assert "(80.0, 100.0)" in to_markdown(table) and "114.3" not in to_markdown(table)
+    inside = aggregate([_result("bert", "tiny", 0, "b0", "rte", s, v) for s, v in enumerate([0.50, 0.55, 0.60])])
+    assert "Intervals are cut" not in to_markdown(inside)

@@ -143,13 +143,36 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
     with pytest.raises(InputsError, match="exists: pack into a new file"):
         pack(cfg, archive, root / "corpus" / "synthetic", dirs)
     too_big = tmp_path / "big.tar.xz"
-    with pytest.raises(InputsError, match="more than the 0.001 MiB allowed"):
-        pack(cfg, too_big, root / "corpus" / "synthetic", dirs, 0.001)
+    with pytest.raises(InputsError, match=r"take 0\.\d*[1-9]\d* MiB compressed, more than the 0.001 MiB allowed"):
+        pack(cfg, too_big, root / "corpus" / "synthetic", dirs, 0.001)  # not "0.0 MiB ... more than 0.001"
     assert not too_big.exists()
     with pytest.raises(InputsError, match="probe_ner read ner data.*--data-dir ner=<folder>"):
         pack(
             cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {"glue": root / "glue", "blimp": root / "blimp"}
         )
+
+
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("--minutes", "-5", "give the whole command's time in minutes, a finite number above 0"),
+        ("--minutes", "0", "a finite number above 0"),
+        ("--budget-flops", "-1", "give pretraining FLOPs per objective"),
+        ("--budget-flops", "nan", "a finite number above 0"),
+        ("--budget-flops", "lots", "'lots' is not a number"),
+    ],
+)
+def test_a_slots_time_and_budget_are_checked_where_they_are_given(tmp_path, capsys, option, value, says):
+    from pretrainlab.slot.__main__ import main
+
+    argv = ["run", "--inputs", str(tmp_path / "in.tar.xz"), "--out", str(tmp_path / "out"), "--seed", "0"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, option, value])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["pack", "--corpus", str(tmp_path), "--out", str(tmp_path / "x.tar.xz"), "--max-mib", "0"])
+    assert "--max-mib: 0: give the largest archive in MiB" in capsys.readouterr().err
 
 
 def test_the_entry_point_installs_nothing_when_nothing_is_missing_and_names_what_it_cannot_install(tmp_path):

@@ -53,6 +53,14 @@ class Summary:
         return asdict(self)
 
 
+def bounded(ci, bounds: tuple[float, float] | None):
+    """An interval cut to its metric's range (``bounds``; None: as it is): a t interval about a mean near
+    an end of the range reaches past it when the seeds disagree (an accuracy of 114%)."""
+    if not ci or bounds is None:
+        return ci
+    return (min(max(ci[0], bounds[0]), bounds[1]), max(min(ci[1], bounds[1]), bounds[0]))
+
+
 @dataclass
 class Difference:
     """A row minus the baseline."""

@@ -43,6 +43,15 @@ def _check_example_counts(results: list[dict]) -> None:
             )
 
 
+def bounded_summary(summary: stats.Summary, bounds: tuple[float, float]) -> dict:
+    """A summary as a dict, its interval cut to the score's range (``cut``: True when it was)."""
+    out = summary.to_dict()
+    ci = stats.bounded(out["ci"], bounds)
+    if ci and tuple(ci) != tuple(out["ci"]):
+        out["ci"], out["cut"] = ci, True
+    return out
+
+
 def aggregate(results: list[dict], baseline: str | None = None, method: str = "t", level: float = stats.LEVEL) -> dict:
     """{"labels", "tasks", "cells": {label: {task: {...}}}, "glue": {label: {...}}, "glue_tasks",
     "encoders": {label: [...]}, "interval": {...}, "differences": {label: {task: {...}}},
@@ -109,7 +118,7 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 "metrics": metric_stats,
                 "score": (summary.mean, summary.sd_ft),
                 "pretrain_sd": pretrain_sd,
-                "summary": summary.to_dict(),
+                "summary": bounded_summary(summary, get(task).score_range),
                 "seeds": sorted(r["seed"] for r in runs),
                 "encoders": len(per_encoder),
                 "no_skill": get(task).score(runs[0]["no_skill"]) if runs[0].get("no_skill") else None,
@@ -137,10 +146,11 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 per_seed[encoders[label][e]["pretrain_seed"]] = scores
         if per_encoder:
             summary = stats.summarize(per_encoder, level, method, rng)
+            lows = [get(t).score_range[0] for t in glue_tasks]
             glue[label] = {
                 "score": (summary.mean, summary.sd_ft),
                 "pretrain_sd": summary.sd_pt,
-                "summary": summary.to_dict(),
+                "summary": bounded_summary(summary, (sum(lows) / len(lows), 100.0)),
             }
             seeded[label]["glue"] = per_seed
         else:  # no fine-tuning seed ran every task: the mean of task means, without a spread

@@ -12,8 +12,22 @@ from pretrainlab.compare.statistics import DELTAS
 from pretrainlab.evaluation.base import display_name, get, known
 
 
-def _interval(ci) -> str:
+def column_range(table: dict, column: str) -> tuple[float, float]:
+    """Where a column's scores lie: its evaluation's range; GLUE's, the mean of its tasks' ranges."""
+    if column != "glue":
+        return get(column).score_range
+    lows = [get(t).score_range[0] for t in table["glue_tasks"]] or [0.0]
+    return (sum(lows) / len(lows), 100.0)
+
+
+def _interval(ci, bounds: tuple[float, float] | None = None) -> str:
+    ci = stats.bounded(ci, bounds)
     return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
+
+
+def _cut(summary: dict | None, bounds: tuple[float, float]) -> bool:
+    ci = (summary or {}).get("ci")
+    return bool((summary or {}).get("cut")) or (bool(ci) and tuple(stats.bounded(ci, bounds)) != tuple(ci))
 
 
 def _cell(
@@ -23,6 +37,7 @@ def _cell(
     n: int | None,
     expected: int,
     items: bool = False,
+    bounds: tuple[float, float] | None = None,
 ) -> str:
     """mean ± sd [sd over pretraining seeds] (interval), and the number of runs when it is fewer than
     the row should have (``expected``); a single run is shown as what it is, without a spread. A
@@ -31,7 +46,7 @@ def _cell(
         return (
             f"{ms[0]:.1f}"
             + (f" [{pretrain_sd:.1f}]" if pretrain_sd is not None else "")
-            + _interval(summary["ci"] if summary else None)
+            + _interval(summary["ci"] if summary else None, bounds)
         )
     if n is None:  # a GLUE score with no fine-tuning seed in every task: no spread to show
         return f"{ms[0]:.1f} (mean of task means)"
@@ -40,7 +55,7 @@ def _cell(
     text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
     if pretrain_sd is not None:
         text += f" [{pretrain_sd:.1f}]"
-    return text + _interval(summary["ci"] if summary else None) + (f" (n={n})" if n < expected else "")
+    return text + _interval(summary["ci"] if summary else None, bounds) + (f" (n={n})" if n < expected else "")
 
 
 def columns(table: dict) -> list[str]:
@@ -66,28 +81,37 @@ def to_markdown(table: dict) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     seeded_cells = [c for lb in table["labels"] for c in table["cells"][lb].values() if not c.get("items")]
     per_encoder = max((len(set(c["seeds"])) for c in seeded_cells), default=1)
-    short = False
+    short = cut = False
     zero_shot: list[str] = []
     for label in table["labels"]:
         row = [label]
         encoders = max(1, len(table.get("encoders", {}).get(label, [])))
         for col in cols:
+            bounds = column_range(table, col)
             if col == "glue":
                 g = table["glue"].get(label)
                 n = (g.get("summary") or {}).get("n") if g else None
                 row.append(
-                    _cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders) if g else "–"
+                    _cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders, bounds=bounds)
+                    if g
+                    else "–"
                 )
                 short |= bool(g) and (n is None or n < per_encoder * encoders)
+                cut |= bool(g) and _cut(g.get("summary"), bounds)
                 continue
             c = table["cells"][label].get(col)
+            cut |= bool(c) and _cut(c.get("summary"), bounds)
             if c and c.get("items"):  # zero-shot: one run per encoder, the interval over items
                 zero_shot += [] if col in zero_shot else [col]
-                row.append(_cell(c["summary"], c["score"], c["pretrain_sd"]["score"], None, 1, items=True))
+                row.append(
+                    _cell(c["summary"], c["score"], c["pretrain_sd"]["score"], None, 1, items=True, bounds=bounds)
+                )
                 continue
             expected = per_encoder * encoders
             row.append(
-                _cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected) if c else "–"
+                _cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected, bounds=bounds)
+                if c
+                else "–"
             )
             short |= bool(c) and len(c["seeds"]) < expected
         lines.append("| " + " | ".join(row) + " |")
@@ -131,8 +155,14 @@ def to_markdown(table: dict) -> str:
         )
         + (
             "(n=k): a cell built from fewer runs than its row's encoders x seeds; its interval is wider and "
-            "its mean noisier."
+            "its mean noisier. "
             if short
+            else ""
+        )
+        + (
+            "Intervals are cut at the ends of their metric's range (0 to 100; -100 to 100 for MCC and "
+            "correlations): a t interval about a mean near an end, from seeds that disagree, reaches past it."
+            if cut
             else ""
         )
     )

@@ -108,6 +108,13 @@ class Evaluation:
         """Its place among the columns of a table."""
         return (self.rank, self.name)
 
+    @property
+    def score_range(self) -> tuple[float, float]:
+        """Where its score can lie: 0 to 100, or -100 to 100 when a metric is a correlation (MCC, Pearson,
+        Spearman). Intervals are cut to it."""
+        signed = any(m.partition("_")[0] in ("mcc", "pearson", "spearman") for m in self.metrics)
+        return (-100.0 if signed else 0.0, 100.0)
+
     def score(self, metrics: dict[str, float]) -> float:
         """The task's score: the mean of its metrics, x 100."""
         return 100.0 * sum(float(v) for v in metrics.values()) / len(metrics)

@@ -8,6 +8,7 @@ import argparse
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +22,21 @@ log = logging.getLogger("pretrainlab")
 NODE_LACKS = ("hydra-core", "omegaconf", "antlr4-python3-runtime")
 # where ../shared/data keeps each block of evaluation data (an evaluation's `data`: glue, ner, blimp, ...)
 SHARED_LAYOUT = {"glue": "glue", "ner": "conll2003", "blimp": "blimp", "squad": "squad"}
+
+
+def positive(what: str):
+    """An argparse ``type``: a finite number above 0, refused at the command line naming ``what``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {what}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{text}: give {what}, a finite number above 0")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the folder of one block of evaluation data (glue=..., ner=..., blimp=...); default: in --data",
     )
     pack.add_argument("--out", type=Path, required=True, help="the archive to write (.tar.xz; never replaced)")
-    pack.add_argument("--max-mib", type=float, default=32.0, help="refuse an archive larger than this (MiB)")
+    pack.add_argument(
+        "--max-mib",
+        type=positive("the largest archive in MiB"),
+        default=32.0,
+        help="refuse an archive larger than this (MiB)",
+    )
     pack.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. evals=[glue]")
 
     wheels = sub.add_parser("wheels", help="download the wheels an offline GPU node lacks (needs the package index)")
@@ -52,9 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="where the results archive goes")
     run.add_argument("--seed", type=int, required=True, help="the pretraining seed of this slot")
     run.add_argument("--work", type=Path, help="the slot's working directory (default runs/slots/s<seed>)")
-    run.add_argument("--minutes", type=float, help="the whole command's time (default slot.minutes: 9)")
+    run.add_argument(
+        "--minutes",
+        type=positive("the whole command's time in minutes"),
+        help="the whole command's time (default slot.minutes: 9)",
+    )
     budget = run.add_mutually_exclusive_group()
-    budget.add_argument("--budget-flops", type=float, help="pretrain every objective to this; no calibration")
+    budget.add_argument(
+        "--budget-flops",
+        type=positive("pretraining FLOPs per objective, e.g. 2e15"),
+        help="pretrain every objective to this; no calibration",
+    )
     budget.add_argument("--plan-from", type=Path, help="the budget of an earlier slot's results archive")
     run.add_argument("--wheels", type=Path, help="(experiments/slot.py) where missing packages were installed from")
     run.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. model_size=tiny")

@@ -147,7 +147,7 @@ def pack(
     if size > max_mib * 2**20:
         out.unlink()
         raise InputsError(
-            f"the inputs take {size / 2**20:.1f} MiB compressed, more than the {max_mib:g} MiB allowed: a smaller "
+            f"the inputs take {size / 2**20:.3g} MiB compressed, more than the {max_mib:g} MiB allowed: a smaller "
             f"corpus (fewer files in --corpus), or fewer evaluations (evals=...), or --max-mib."
         )
     log.info(

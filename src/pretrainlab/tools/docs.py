@@ -338,8 +338,11 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
             f"{report} has no provenance.json (the command, commit, date and device that made it): "
             "give a study's report/ folder (or a tool's --out folder) written by this version of pretrainlab"
         )
-    if not re.fullmatch(r"[\w.-]+", name):
-        raise DocsError(f"--name {name!r}: use letters, digits, '-', '_' or '.'")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or ".." in name:
+        raise DocsError(
+            f"--name {name!r}: a report's name is one folder name under {RESULTS}: letters, digits, '-', '_' "
+            f"or '.', starting with a letter or digit (e.g. quick-study)"
+        )
     dest = root / RESULTS / name
     if dest.exists() and not replace:
         raise DocsError(f"{dest} exists: pass --replace to put this report in its place (git keeps the old one)")
@@ -355,8 +358,31 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
     return dest
 
 
+def checkout(start: Path) -> Path:
+    """The pretrainlab checkout ``start`` is in: the nearest folder from ``start`` up that holds a
+    pyproject.toml naming the project pretrainlab, a README.md and docs/. The docs tool works on it,
+    not on the tree the package happens to be installed from (one editable install, two checkouts)."""
+    for folder in [start.resolve(), *start.resolve().parents]:
+        project = folder / "pyproject.toml"
+        if (
+            project.is_file()
+            and re.search(r'(?m)^name\s*=\s*"pretrainlab"', project.read_text(encoding="utf-8", errors="replace"))
+            and (folder / "README.md").is_file()
+            and (folder / "docs").is_dir()
+        ):
+            return folder
+    raise DocsError(
+        f"{start.resolve()} is not inside a pretrainlab checkout (no pyproject.toml of pretrainlab with README.md "
+        "and docs/ beside it, here or above): run the docs tool in the checkout whose docs it should write, or "
+        "give it with --root"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrainlab.tools.docs", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--root", type=Path, help="the checkout to work on (default: the one the working directory is in)"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("publish", help="copy a study's report folder to docs/results/<name>/")
     p.add_argument("report", type=Path)
@@ -366,15 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="exit 1 when a marked block differs from its report")
     args = parser.parse_args(argv)
     try:
+        root = checkout(args.root if args.root is not None else Path.cwd())
         if args.cmd == "publish":
-            print(f"published -> {publish(args.report, args.name, replace=args.replace)}")
-            for f in build():
-                print(f"regenerated {f.relative_to(ROOT)}")
+            print(f"published -> {publish(args.report, args.name, root, replace=args.replace)}")
+            for f in build(root):
+                print(f"regenerated {f.relative_to(root)}")
         elif args.cmd == "build":
-            for f in build():
-                print(f"regenerated {f.relative_to(ROOT)}")
+            for f in build(root):
+                print(f"regenerated {f.relative_to(root)}")
         else:
-            stale = check()
+            stale = check(root)
             for line in stale:
                 print(line)
             if stale:
