@@ -27,7 +27,9 @@ def _interval(ci, bounds: tuple[float, float] | None = None) -> str:
 
 def _cut(summary: dict | None, bounds: tuple[float, float]) -> bool:
     ci = (summary or {}).get("ci")
-    return bool((summary or {}).get("cut")) or (bool(ci) and tuple(stats.bounded(ci, bounds)) != tuple(ci))
+    if (summary or {}).get("cut"):
+        return True
+    return ci is not None and len(ci) == 2 and tuple(stats.bounded(ci, bounds) or ()) != tuple(ci)
 
 
 def _cell(
