@@ -251,6 +251,12 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
 
     again = _slot(inputs, out, 0, "s0b", cwd=tmp_path)
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
+    # the finished slot's own command again: refused before anything is written, its record kept
+    kept = {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in ("slot.json", "slot.md")}
+    same = _slot(inputs, out, 0, "s0", "--minutes", "2", cwd=tmp_path)
+    assert same.returncode != 0 and "exists: give another --out" in same.stderr
+    assert {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in kept} == kept
+    assert not list(out.glob("*failed*")) and not (tmp_path / "s0b" / "slot" / "report").exists()
 
     second = _slot(inputs, out, 1, "s1", "--plan-from", str(a), cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -271,7 +277,7 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     with pytest.raises(MergeError, match="each slot must pretrain another seed"):
         merge([a, a], tmp_path / "twice")
     other = _retar(b, tmp_path / "other-lr.tar.gz", lambda r: r["settings"].update(lr=5e-4))
-    with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.001 against 0.0005"):
+    with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.002 against 0.0005"):
         merge([a, other], tmp_path / "mixed")
     other_code = _retar(b, tmp_path / "other-code.tar.gz", lambda r: r["code"].update(digest="0" * 16))
     with pytest.raises(MergeError, match="the code differs"):
@@ -300,3 +306,35 @@ def test_a_slot_keeps_to_its_time_and_brings_back_what_finished(packed, tmp_path
     assert record["wall_s"] < 0.3 * 60 + 10
     with pytest.raises(MergeError, match="a slot that failed"):
         merge([archive], tmp_path / "merged")
+
+
+def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed, tmp_path, monkeypatch):
+    """A failed record never replaces a finished one: it is written beside it, under a name of its own."""
+    from pretrainlab.slot.run import SlotArgs, run_slot
+
+    _, inputs = packed
+    work = tmp_path / "w"
+    report = work / "slot" / "report"
+    report.mkdir(parents=True)
+    (report / "slot.json").write_text('{"seeds": [0], "plan": {"budget_flops": 1.0}}')
+
+    def fails(cfg, timeline=None):
+        raise RuntimeError("a GPU fell off the bus")
+
+    monkeypatch.setattr("pretrainlab.studies.ablation.run_study", fails)
+    args = SlotArgs(
+        inputs=inputs,
+        out=tmp_path / "out",
+        seed=0,
+        work=work,
+        budget_flops=1e12,
+        overrides=list(SMALL),
+        started_at=time.time(),
+        installed={},
+    )
+    with pytest.raises(RuntimeError, match="fell off the bus"):
+        run_slot(args)
+    assert json.loads((report / "slot.json").read_text()) == {"seeds": [0], "plan": {"budget_flops": 1.0}}
+    (failed,) = report.glob("slot-failed-*.json")
+    assert "fell off the bus" in json.loads(failed.read_text())["error"]
+    assert list((tmp_path / "out").glob("slot-s0-failed-*.tar.gz"))  # what it brings back, as before

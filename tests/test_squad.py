@@ -120,6 +120,44 @@ def test_files_that_are_not_squad_or_whose_answers_are_elsewhere_are_refused(tmp
         squad.split_files(tmp_path)
 
 
+def _document(*paragraphs):
+    return {"version": "1.1", "data": [{"title": "t", "paragraphs": list(paragraphs)}]}
+
+
+def _qa(qid, text, start):
+    return {"id": qid, "question": "What?", "answers": [{"text": text, "answer_start": start}]}
+
+
+@pytest.mark.parametrize(
+    "paragraphs, says",
+    [
+        # an empty context with empty answers: every empty prediction was an exact match (EM 1.0)
+        ([{"context": "", "qas": [_qa("q1", "", 0)]}], "question q1 has an empty context"),
+        ([{"context": "Paris is big.", "qas": [_qa("q2", " ", 5)]}], "question q2 has an empty answer"),
+        # a negative start matched through Python's slicing ("big" is at -4 to -1), and lost its window
+        (
+            [{"context": "Paris is big.", "qas": [_qa("q3", "big", -4)]}],
+            "question q3: the answer 'big' is not at character -4",
+        ),
+        # two questions of one id: predictions.json kept one answer for both
+        (
+            [
+                {"context": "Paris is big.", "qas": [_qa("q4", "Paris", 0)]},
+                {"context": "Rome is old.", "qas": [_qa("q4", "Rome", 0)]},
+            ],
+            "question id 'q4' appears twice",
+        ),
+        ([{"context": "Paris is big.", "qas": [{"id": "q5", "question": "?", "answers": []}]}], "q5 has no answer"),
+    ],
+)
+def test_questions_that_are_not_real_questions_are_refused_naming_the_file_and_the_question(tmp_path, paragraphs, says):
+    path = tmp_path / "dev-v1.1.json"
+    path.write_text(json.dumps(_document(*paragraphs)))
+    with pytest.raises(squad.SquadDataError, match="dev-v1.1.json") as e:
+        squad.read_file(path)
+    assert says in str(e.value)
+
+
 def test_the_synthetic_questions_have_one_answer_each_where_it_says(tmp_path):
     root = squad.SyntheticSquad(scale=0.1).write(tmp_path)
     for split in ("train", "validation"):

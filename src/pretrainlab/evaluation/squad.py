@@ -123,16 +123,6 @@ def parse(data: dict, where: str) -> list[Example]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
                     answers = tuple((str(a["text"]), int(a["answer_start"])) for a in qa["answers"])
-                    for text, start in answers:
-                        if context[start : start + len(text)] != text:
-                            raise SquadDataError(
-                                f"{where}: question {qa['id']}: the answer {text!r} is not at character {start} "
-                                f"of its context (there: {context[start : start + len(text)]!r}). Repair the file."
-                            )
-                    if not answers:
-                        raise SquadDataError(
-                            f"{where}: question {qa['id']} has no answer (SQuAD v1.1 has one or more)."
-                        )
                     out.append(Example(str(qa["id"]), str(qa["question"]), context, answers))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, SquadDataError):
@@ -140,7 +130,38 @@ def parse(data: dict, where: str) -> list[Example]:
         raise SquadDataError(f"{where} is not in SQuAD's format ({type(e).__name__}: {e}).") from None
     if not out:
         raise SquadDataError(f"{where} holds no questions.")
-    return out
+    return checked(out, where)
+
+
+def checked(examples: list[Example], where: str) -> list[Example]:
+    """``examples``, each a real question with real answers, or the source refused naming the question: a
+    question id twice (predictions.json keeps one answer per id), no answer (SQuAD v1.1 has one or
+    more), an empty answer or context (every empty prediction would match it), or an answer that is not
+    at its ``answer_start`` in the context (a negative one included, which Python's slicing would wrap)."""
+    seen: set[str] = set()
+    for e in examples:
+        if e.id in seen:
+            raise SquadDataError(
+                f"{where}: question id {e.id!r} appears twice; predictions.json answers each id once, so one of "
+                f"them would go unscored. Give every question its own id."
+            )
+        seen.add(e.id)
+        if not e.answers:
+            raise SquadDataError(f"{where}: question {e.id} has no answer (SQuAD v1.1 has one or more).")
+        if not e.context.strip():
+            raise SquadDataError(f"{where}: question {e.id} has an empty context: there is nothing to extract from.")
+        for text, start in e.answers:
+            if not text.strip():
+                raise SquadDataError(
+                    f"{where}: question {e.id} has an empty answer, which an empty prediction would match. "
+                    f"Remove the answer or the question."
+                )
+            if start < 0 or e.context[start : start + len(text)] != text:
+                raise SquadDataError(
+                    f"{where}: question {e.id}: the answer {text!r} is not at character {start} of its context "
+                    f"(there: {e.context[max(0, start) : max(0, start) + len(text)]!r}). Repair the file."
+                )
+    return examples
 
 
 def read_file(path: Path) -> list[Example]:
@@ -184,6 +205,9 @@ def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Example]]:
                 )
                 for r in rows
             ]
+            checked(out[split], f"{dataset} ({split})")
+    except SquadDataError:
+        raise
     except Exception as e:  # noqa: BLE001 - offline, or no such dataset
         raise ConnectionError(
             f"could not load SQuAD from the Hugging Face hub ({dataset}): {e}. Offline, point squad.data_dir at a "

@@ -281,6 +281,14 @@ def account(record: dict, timeline: Timeline, utilisation: Any, study: Path) -> 
     return record
 
 
+def finished(record: Path) -> bool:
+    """Whether ``record`` (a study's ``report/slot.json``) is that of a slot that finished."""
+    try:
+        return record.is_file() and not json.loads(record.read_text()).get("error")
+    except ValueError:
+        return False
+
+
 def run_slot(a: SlotArgs) -> Path:
     """Run the slot ``a`` describes; returns its results archive (written also when the slot fails)."""
     from pretrainlab.runtime.console import quiet_third_parties
@@ -314,6 +322,7 @@ def run_slot(a: SlotArgs) -> Path:
     study_dir = work / "slot"  # until the study's config names it
     archive = a.out / f"slot-s{a.seed}.tar.gz"
     stack = contextlib.ExitStack()  # the slot's time limit, once its length is known
+    refused = True  # until the checks before any work have passed: a refusal writes no record and no archive
     try:
         timeline.mark("unpack")
         inputs, manifest = unpack(a.inputs, work)
@@ -322,6 +331,7 @@ def run_slot(a: SlotArgs) -> Path:
         study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-s{a.seed}.tar.gz"
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
+        refused = False
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
         deadline = a.started_at + 60 * minutes
         record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
@@ -357,11 +367,15 @@ def run_slot(a: SlotArgs) -> Path:
         utilisation.stop()
         account(record, timeline, utilisation, study_dir)
         report = study_dir / "report"
-        atomic.write_json(report / "slot.json", record)
-        atomic.write_text(report / "slot.md", slot_markdown(record) + "\n")
+        name = "slot"
+        if record.get("error") and finished(report / "slot.json"):  # a failed record never replaces a finished one
+            name = f"slot-failed-{time.strftime('%H%M%S')}"
+        if not refused:
+            atomic.write_json(report / f"{name}.json", record)
+            atomic.write_text(report / f"{name}.md", slot_markdown(record) + "\n")
         if record.get("error"):  # what a failed slot brings back, under a name of its own
             archive = archive.with_name(archive.name.replace(".tar.gz", f"-failed-{time.strftime('%H%M%S')}.tar.gz"))
-        if not archive.exists():
+        if not refused and not archive.exists():
             write_archive(study_dir, archive, {"slot.log": work / "slot.log"})
             log.info(
                 "slot: results -> %s (%.1f MiB, %.0f s after the command started)",
