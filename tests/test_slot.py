@@ -146,6 +146,28 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
     with pytest.raises(InputsError, match=r"take 0\.\d*[1-9]\d* MiB compressed, more than the 0.001 MiB allowed"):
         pack(cfg, too_big, root / "corpus" / "synthetic", dirs, 0.001)  # not "0.0 MiB ... more than 0.001"
     assert not too_big.exists()
+    # every file the study's evaluations read, or the pack is refused naming what is missing
+    no_dev = tmp_path / "glue-no-dev"
+    shutil.copytree(root / "glue", no_dev)
+    (no_dev / "SST-2" / "dev.tsv").unlink()
+    with pytest.raises(InputsError, match=r"SST-2 lacks dev.tsv: sst2 reads train.tsv, dev.tsv"):
+        pack(cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {**dirs, "glue": no_dev})
+    shutil.rmtree(no_dev / "SST-2")
+    with pytest.raises(InputsError, match="sst2: no data file of it in .*glue-no-dev"):
+        pack(cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {**dirs, "glue": no_dev})
+    with pytest.raises(InputsError, match="--data-dir glue=.*nowhere: no such folder"):
+        pack(cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {**dirs, "glue": tmp_path / "nowhere"})
+    assert not (tmp_path / "x.tar.xz").exists()
+
+    # a file the manifest does not list is refused on unpacking: the study would score it
+    extra = inputs / "blimp" / "an_extra_paradigm.jsonl"
+    shutil.copy(root / "blimp" / "verb_object_order.jsonl", extra)
+    shutil.copy(root / "glue" / "SST-2" / "dev.tsv", inputs / "glue" / "SST-2" / "dev.tsv")  # the damaged one, repaired
+    with pytest.raises(InputsError, match="1 file.s. that inputs.json does not list .blimp/an_extra_paradigm.jsonl"):
+        unpack(archive, tmp_path / "work")
+    extra.unlink()
+    assert unpack(archive, tmp_path / "work")[1] == manifest
+
     with pytest.raises(InputsError, match="probe_ner read ner data.*--data-dir ner=<folder>"):
         pack(
             cfg, tmp_path / "x.tar.xz", root / "corpus" / "synthetic", {"glue": root / "glue", "blimp": root / "blimp"}
@@ -227,6 +249,7 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     calibrates and plans its budget, the second takes it from the first one's archive; each brings back
     one archive without weights; merged, they make one report over two pretraining seeds."""
     from pretrainlab.slot.archive import MergeError, merge
+    from pretrainlab.slot.inputs import unpack
 
     _, inputs = packed
     out = tmp_path / "out"
@@ -246,6 +269,7 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     assert not [n for n in names if n.endswith((".ckpt", ".safetensors")) or "/encoder/" in n]
     assert "slot/pretrain/bert-s0/encoder.json" in names and "slot/pretrain/bert-s0/eval/blimp/seed0.json" in names
     assert "slot/report/slot.md" in names and "slot/slot.log" in names
+    unpack(inputs, tmp_path / "s0")  # the slot wrote nothing into its inputs: they unpack (and check) as they were
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 

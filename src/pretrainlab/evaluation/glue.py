@@ -163,7 +163,14 @@ class GlueTask(Evaluation):
         if root is None:
             return None
         names = ["train.tsv", *(filename for filename, _ in self.spec.eval_splits.values())]
-        return [root / self.spec.directory / n for n in names if (root / self.spec.directory / n).is_file()]
+        folder = root / self.spec.directory
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing and len(missing) < len(names):  # none at all: the caller names the folder
+            raise FileNotFoundError(
+                f"{folder} lacks {', '.join(missing)}: {self.spec.name} reads {', '.join(names)} (GLUE's "
+                f"download_glue_data.py layout)"
+            )
+        return [folder / n for n in names if (folder / n).is_file()]
 
     def file_key(self, path: Path) -> str:
         return f"{path.parent.name}/{path.name}"

@@ -72,7 +72,22 @@ def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, l
     for t in tasks:
         evaluation = get(t)
         root = Path(data_dirs[evaluation.data]).expanduser()
-        for f in evaluation.data_files(gcfg) or []:
+        if not root.is_dir():
+            raise InputsError(
+                f"--data-dir {evaluation.data}={root}: no such folder ({t} reads {evaluation.data} data)."
+            )
+        try:
+            files = evaluation.data_files(gcfg)
+        except (OSError, ValueError) as e:
+            raise InputsError(
+                f"{t}: {e}. The slot would fail on it after pretraining; fix the folder and pack again."
+            ) from None
+        if files is not None and not files:
+            raise InputsError(
+                f"{t}: no data file of it in {root} (the study evaluates on it). Give the folder that holds its "
+                f"files (--data-dir {evaluation.data}=<folder>), or leave it out of the study."
+            )
+        for f in files or []:
             out.setdefault(evaluation.data, []).append((f, root))
     return {b: list(dict.fromkeys(fs)) for b, fs in out.items()}
 
@@ -230,6 +245,16 @@ def unpack(archive: str | Path, into: str | Path) -> tuple[Path, dict]:
                 f"{f} is missing or differs from the file packed (sha256): the inputs are damaged. Copy the archive "
                 f"again (and remove {root})."
             )
+    listed = {MANIFEST, *manifest["files"]}
+    extra = sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and str(p.relative_to(root)) not in listed
+    )
+    if extra:
+        raise InputsError(
+            f"{root} holds {len(extra)} file(s) that {MANIFEST} does not list ({', '.join(extra[:3])}"
+            f"{', ...' if len(extra) > 3 else ''}): the study would read them (a BLiMP paradigm is scored by being "
+            f"there) under the inputs' digest. Pack the inputs again with them, or remove them (and {root})."
+        )
     return root, manifest
 
 

@@ -111,6 +111,20 @@ def compose_arms(common: list[str], arms: dict[str, list[str]]) -> dict[str, tup
     return composed
 
 
+DONE = "arm-done.json"  # in a run's directory once it trained to its end
+
+
+def train_arm(cfg: DictConfig, run_dir: str, choices: dict[str, str]) -> None:
+    """One arm's run (in a process of its own: ``studies.parallel``), marked done when it ends."""
+    import json
+
+    from pretrainlab import atomic
+    from pretrainlab.pretraining.run import run
+
+    result = run(cfg, run_dir, choices=choices)
+    atomic.write_text(Path(run_dir) / DONE, json.dumps({"global_step": result.get("global_step")}))
+
+
 def _number(text: Any) -> float:
     try:
         return float(text)
@@ -299,15 +313,15 @@ def main(argv: list[str] | None = None) -> int:
             if only and name not in only:
                 continue
             run_dir = args.out / "runs" / name
-            if (run_dir / "encoder" / "config.json").is_file():
-                log.info("arm %s: pretrained already (%s)", name, run_dir)
+            if (run_dir / DONE).is_file():
+                log.info("arm %s: trained already (%s)", name, run_dir)
                 continue
             if (run_dir / "checkpoints").is_dir():
                 cfg.ckpt_path = "auto"
             work.append(
                 call_work(
                     f"arm {name}",
-                    "pretrainlab.pretraining.run:run",
+                    "pretrainlab.tools.arms:train_arm",
                     cfg,
                     {"run_dir": str(run_dir), "choices": choices},
                     args.out / "logs" / f"{name}.log",
