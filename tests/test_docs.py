@@ -158,6 +158,36 @@ def test_the_docs_tool_works_on_the_checkout_it_runs_in_and_refuses_outside_one(
     assert docs.main(["--root", str(other), "build"]) == 0 and "| albert |" in readme.read_text(encoding="utf-8")
 
 
+def test_a_report_whose_files_disagree_is_neither_published_nor_built(tmp_path):
+    """A comparison.json edited by hand (SST-2 97.5 where its CSV says 82.5) once reached the README's
+    table and orderings, and check passed; a provenance.json that is not JSON crashed the next build."""
+    report = tmp_path / "report"
+    shutil.copytree(ROOT / "docs" / "results" / "quick-study", report)
+    table = json.loads((report / "comparison.json").read_text())
+    table["cells"]["bert"]["sst2"]["score"][0] += 2.0
+    (report / "comparison.json").write_text(json.dumps(table))
+    with pytest.raises(docs.DocsError, match="comparison.json and comparison.csv disagree"):
+        docs.publish(report, "edited", root=tmp_path)
+    assert not (tmp_path / "docs" / "results" / "edited").exists()
+    shutil.copy(ROOT / "docs" / "results" / "quick-study" / "comparison.json", report / "comparison.json")
+    (report / "provenance.json").write_text("{not json")
+    with pytest.raises(docs.DocsError, match="provenance.json is not JSON"):
+        docs.publish(report, "edited", root=tmp_path)
+    # one already published and edited afterwards: build and check name it
+    (tmp_path / "site").mkdir()
+    root = _copy(tmp_path / "site")
+    published = root / "docs" / "results" / "quick-study" / "comparison.json"
+    published.write_text(json.dumps(table))
+    with pytest.raises(docs.DocsError, match="quick-study/comparison.json and comparison.csv disagree"):
+        docs.build(root)
+    tool = root / "docs" / "results" / "cpu-bench"
+    data = json.loads((tool / "report.json").read_text())
+    data["rows"][0][3] = "99999"
+    (tool / "report.json").write_text(json.dumps(data))
+    with pytest.raises(docs.DocsError, match="cpu-bench/report.json and report.md disagree"):
+        docs.verify(tool)
+
+
 def test_the_docs_state_no_test_counts():
     for f in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *docs.docs_files(ROOT)]:
         text = f.read_text(encoding="utf-8")

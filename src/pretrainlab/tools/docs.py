@@ -248,6 +248,7 @@ def generate(text: str, doc: Path, root: Path) -> str:
         if not report.is_dir():
             known = sorted(p.name for p in (root / RESULTS).glob("*") if p.is_dir())
             raise DocsError(f"{where}: no report {name!r} in {RESULTS} (there are: {', '.join(known) or 'none'})")
+        verify(report)
         return report
 
     def block(m: re.Match) -> str:
@@ -331,13 +332,46 @@ def check(root: Path = ROOT) -> list[str]:
     return stale
 
 
+def verify(report: Path) -> None:
+    """A report's files as the command wrote them, checked against each other: every JSON file parses,
+    a study's comparison.csv is what its comparison.json makes, a tool's report.md holds the table its
+    report.json makes. A file edited by hand (a number in comparison.json that its CSV contradicts) is
+    named, not published."""
+    for f in sorted(report.glob("*.json")):
+        try:
+            json.loads(f.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DocsError(f"{f} is not JSON ({e}): publish the report as the command wrote it") from None
+    comparison, table_csv = report / "comparison.json", report / "comparison.csv"
+    if comparison.is_file() and table_csv.is_file():
+        from pretrainlab.compare.tables import to_csv
+
+        try:
+            made = to_csv(json.loads(comparison.read_text(encoding="utf-8"))).splitlines()
+        except (KeyError, TypeError, ValueError) as e:
+            raise DocsError(f"{comparison} is not a comparison this version of pretrainlab reads ({e})") from None
+        if made != table_csv.read_text(encoding="utf-8").splitlines():
+            raise DocsError(
+                f"{comparison} and {table_csv.name} disagree: one was edited after the command wrote them. "
+                "Publish the report as the command wrote it, or run the command again"
+            )
+    tool, tool_md = report / "report.json", report / "report.md"
+    if tool.is_file() and tool_md.is_file() and _table(report, "") not in tool_md.read_text(encoding="utf-8"):
+        raise DocsError(
+            f"{tool} and {tool_md.name} disagree: one was edited after the command wrote them. Publish the "
+            "report as the command wrote it, or run the command again"
+        )
+
+
 def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -> Path:
-    """Copies a report folder (a study's ``report/``) to ``docs/results/<name>/``."""
+    """Copies a report folder (a study's ``report/``) to ``docs/results/<name>/``, once its files are
+    checked against each other (:func:`verify`)."""
     if not (report / "provenance.json").is_file():
         raise DocsError(
             f"{report} has no provenance.json (the command, commit, date and device that made it): "
             "give a study's report/ folder (or a tool's --out folder) written by this version of pretrainlab"
         )
+    verify(report)
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or ".." in name:
         raise DocsError(
             f"--name {name!r}: a report's name is one folder name under {RESULTS}: letters, digits, '-', '_' "
