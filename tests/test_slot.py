@@ -300,6 +300,7 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
 
     with pytest.raises(MergeError, match="each slot must pretrain another seed"):
         merge([a, a], tmp_path / "twice")
+    assert not (tmp_path / "twice").exists()  # refused before writing: the corrected merge is not "not empty"
     other = _retar(b, tmp_path / "other-lr.tar.gz", lambda r: r["settings"].update(lr=5e-4))
     with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.002 against 0.0005"):
         merge([a, other], tmp_path / "mixed")

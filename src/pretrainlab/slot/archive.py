@@ -119,10 +119,8 @@ def _differences(a: Any, b: Any, key: str = "") -> list[str]:
 
 def merge(archives: list[str | Path], out: str | Path) -> dict:
     """Merge the results archives of several slots into the study directory ``out`` (new or empty)
-    and write its report; returns the comparison table."""
-    from pretrainlab.studies.ablation import report_study, study_tasks
-    from pretrainlab.studies.intrinsic import learning_curves, learning_report
-
+    and write its report; returns the comparison table. Every refusal comes before anything is written,
+    and a merge that fails on the way leaves ``out`` as it found it."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise MergeError(f"{out} is not empty: merge into a new directory (nothing is replaced).")
@@ -151,28 +149,47 @@ def merge(archives: list[str | Path], out: str | Path) -> dict:
                         f"run the missing seeds again with those (--plan-from {paths[0]})."
                     )
         seen: dict[str, Path] = {}
-        scratch: Path | None = None  # the slot whose scratch baseline is kept
-        out.mkdir(parents=True, exist_ok=True)
-        for path, (study, _) in zip(paths, opened):
+        for path, (study, _) in zip(paths, opened):  # every refusal before anything is written
             for run in sorted((study / "pretrain").iterdir()):
                 if run.name in seen:
                     raise MergeError(
                         f"{run.name} is in both {seen[run.name]} and {path}: each slot must pretrain another seed."
                     )
                 seen[run.name] = path
-                # the scratch baseline (random weights of one architecture and tokenizer, seeded by the
-                # fine-tuning seed) is the same encoder in every slot: it is reported once, from the first
-                has_scratch = any((run / d).is_dir() for d in SCRATCH_DIRS)
-                keep_scratch = has_scratch and scratch in (None, path)
-                scratch = path if keep_scratch else scratch
-                skip = () if keep_scratch else SCRATCH_DIRS
-                shutil.copytree(
-                    run, out / "pretrain" / run.name, ignore=lambda d, names, skip=skip: [n for n in names if n in skip]
-                )
-            slot_dir = out / "slots" / path.name.removesuffix(".tar.gz")
-            shutil.copytree(study / "report", slot_dir / "report")
-            if (study / "logs").is_dir():
-                shutil.copytree(study / "logs", slot_dir / "logs")
+        existed = out.is_dir()
+        try:
+            return _merge(paths, opened, out)
+        except BaseException:  # no half-written folder left to refuse the next try as "not empty"
+            if out.is_dir():
+                for child in out.iterdir():
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+                if not existed:
+                    out.rmdir()
+            raise
+
+
+def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dict:
+    """The merge's writing, once every archive is accepted (``merge``)."""
+    from pretrainlab.studies.ablation import report_study, study_tasks
+    from pretrainlab.studies.intrinsic import learning_curves, learning_report
+
+    scratch: Path | None = None  # the slot whose scratch baseline is kept
+    out.mkdir(parents=True, exist_ok=True)
+    for path, (study, _) in zip(paths, opened):
+        for run in sorted((study / "pretrain").iterdir()):
+            # the scratch baseline (random weights of one architecture and tokenizer, seeded by the
+            # fine-tuning seed) is the same encoder in every slot: it is reported once, from the first
+            has_scratch = any((run / d).is_dir() for d in SCRATCH_DIRS)
+            keep_scratch = has_scratch and scratch in (None, path)
+            scratch = path if keep_scratch else scratch
+            skip = () if keep_scratch else SCRATCH_DIRS
+            shutil.copytree(
+                run, out / "pretrain" / run.name, ignore=lambda d, names, skip=skip: [n for n in names if n in skip]
+            )
+        slot_dir = out / "slots" / path.name.removesuffix(".tar.gz")
+        shutil.copytree(study / "report", slot_dir / "report")
+        if (study / "logs").is_dir():
+            shutil.copytree(study / "logs", slot_dir / "logs")
     records = [record for _, record in opened]
     cfg = OmegaConf.create(records[0]["settings"])
     seeds = sorted({int(s) for r in records for s in r["seeds"]})
