@@ -363,3 +363,56 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
     (failed,) = report.glob("slot-failed-*.json")
     assert "fell off the bus" in json.loads(failed.read_text())["error"]
     assert list((tmp_path / "out").glob("slot-s0-failed-*.tar.gz"))  # what it brings back, as before
+
+
+def test_a_slots_folders_and_archives_that_cannot_be_used_are_named_without_a_traceback(packed, tmp_path, capsys):
+    from pretrainlab.slot.__main__ import main
+
+    _, inputs = packed
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert main(["merge", str(inputs), "--out", str(a_file)]) == 2
+    assert "is a file: merge into a new directory" in capsys.readouterr().err
+    assert main(["pack", "--corpus", str(tmp_path), "--out", str(a_file / "in.tar.xz")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--out .*a-file is a file: give a folder"):
+        main(["wheels", "--out", str(a_file)])
+    assert main(["run", "--inputs", str(inputs), "--out", str(a_file / "out"), "--seed", "0"]) == 2
+    assert "--out " in (err := capsys.readouterr().err) and "cannot be made a folder" in err
+
+    def archive(name: str, text: str) -> Path:
+        folder = tmp_path / name / "slot" / "report"
+        folder.mkdir(parents=True)
+        (folder / "slot.json").write_text(text)
+        path = tmp_path / f"{name}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            tar.add(tmp_path / name / "slot", arcname="slot")
+        return path
+
+    damaged, no_settings = archive("damaged", "{not json"), archive("bare", '{"seeds": [0]}')
+    assert main(["merge", str(damaged), str(no_settings), "--out", str(tmp_path / "m")]) == 2
+    assert "report/slot.json is not JSON" in capsys.readouterr().err and not (tmp_path / "m").exists()
+    assert main(["merge", str(no_settings), "--out", str(tmp_path / "m")]) == 2
+    assert "records no settings, plan" in capsys.readouterr().err
+    odd = archive("odd", '{"seeds": [0], "settings": {}, "plan": {"budget_flops": "lots"}}')
+    work, out = tmp_path / "w", tmp_path / "out"
+    assert (
+        main(
+            [
+                "run",
+                "--inputs",
+                str(inputs),
+                "--out",
+                str(out),
+                "--seed",
+                "1",
+                "--work",
+                str(work),
+                "--plan-from",
+                str(odd),
+            ]
+        )
+        == 2
+    )
+    assert "records a budget of 'lots', not a number of FLOPs" in capsys.readouterr().err
+    assert not list(out.iterdir()) and not (work / "slot").exists()  # refused before any work or record

@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def download_wheels(out: Path, also: list[str]) -> list[Path]:
     """The wheels of ``NODE_LACKS`` at the versions installed here (and ``also``) into ``out``."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"wheels: --out {out} is a file: give a folder (the wheels go into it).")
     out.mkdir(parents=True, exist_ok=True)
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in NODE_LACKS]
     pip = [sys.executable, "-m", "pip"]
@@ -111,7 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = _parser().parse_args(argv)
     import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.archive import MergeError
+    from pretrainlab.slot.inputs import InputsError
 
+    try:
+        return _command(args)
+    except (ConfigError, InputsError, MergeError) as e:  # refusals name their cause: no traceback to read
+        print(f"slot {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "pack":
         from pretrainlab.slot.inputs import pack
         from pretrainlab.slot.run import compose_study

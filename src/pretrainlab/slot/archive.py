@@ -88,7 +88,19 @@ def _open(archive: Path, into: Path) -> tuple[Path, dict]:
     record = studies[0] / "report" / "slot.json" if len(studies) == 1 else None
     if record is None or not record.is_file():
         raise MergeError(f"{archive} is not a slot's results archive (no <study>/report/slot.json in it).")
-    return studies[0], json.loads(record.read_text())
+    try:
+        loaded = json.loads(record.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MergeError(
+            f"{archive}: its {record.relative_to(into)} is not JSON ({e}): the archive is damaged."
+        ) from None
+    missing = [k for k in ("settings", "seeds", "plan") if not isinstance(loaded, dict) or k not in loaded]
+    if missing:
+        raise MergeError(
+            f"{archive}: its {record.relative_to(into)} records no {', '.join(missing)}: it is not a slot's record "
+            f"(or it was edited)."
+        )
+    return studies[0], loaded
 
 
 # what must be equal for slots to be merged, and what it is called in the refusal
@@ -122,6 +134,8 @@ def merge(archives: list[str | Path], out: str | Path) -> dict:
     and write its report; returns the comparison table. Every refusal comes before anything is written,
     and a merge that fails on the way leaves ``out`` as it found it."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise MergeError(f"--out {out} is a file: merge into a new directory (nothing is replaced).")
     if out.exists() and any(out.iterdir()):
         raise MergeError(f"{out} is not empty: merge into a new directory (nothing is replaced).")
     if not archives:

@@ -115,6 +115,9 @@ def pack(
         raise InputsError(f"{out} exists: pack into a new file (nothing is replaced).")
     if not str(out).endswith(".tar.xz"):
         raise InputsError(f"{out}: name the archive <name>.tar.xz.")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputsError(f"--out {out}: {above} is a file, not a folder: give a path in a folder.")
     wanted = evaluation_files(cfg, data_dirs)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="pretrainlab-pack-") as tmp:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -149,10 +150,19 @@ def _budget_of(archive: Path) -> float:
             record = json.loads(f.read()) if f is not None else None
     except (tarfile.TarError, OSError, ValueError) as e:
         raise ConfigError(f"--plan-from {archive}: cannot be read as a slot's results archive ({e}).") from None
-    budget = ((record or {}).get("plan") or {}).get("budget_flops")
+    budget = ((record if isinstance(record, dict) else {}).get("plan") or {}).get("budget_flops")
     if not budget:
         raise ConfigError(f"--plan-from {archive}: it records no FLOP budget (did that slot fail before planning?).")
-    return float(budget)
+    try:
+        value = float(budget)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"--plan-from {archive}: its report/slot.json records a budget of {budget!r}, not a number of FLOPs "
+            f"above 0: the archive was edited or damaged. Give another slot's archive, or --budget-flops."
+        )
+    return value
 
 
 def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline) -> dict:
@@ -300,7 +310,13 @@ def run_slot(a: SlotArgs) -> Path:
     from pretrainlab.studies.ablation import run_study
 
     work = (a.work or Path("runs") / "slots" / f"s{a.seed}").expanduser().resolve()
-    a.out.mkdir(parents=True, exist_ok=True)
+    for option, folder in (("--out", a.out), ("--work", work)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"{option} {folder}: cannot be made a folder ({e.strerror or e}); give a folder path."
+            ) from None
     quiet_third_parties()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "cache" / "inductor"))  # shared by every job
     os.environ.setdefault("PRETRAINLAB_CACHE", str(work / "cache" / "pretrainlab"))
@@ -331,6 +347,7 @@ def run_slot(a: SlotArgs) -> Path:
         study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-s{a.seed}.tar.gz"
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
+        planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
         refused = False
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
         deadline = a.started_at + 60 * minutes
@@ -349,7 +366,7 @@ def run_slot(a: SlotArgs) -> Path:
         elif a.budget_flops is not None:
             plan = {"budget_flops": float(a.budget_flops), "source": "given (--budget-flops)"}
         elif a.plan_from is not None:
-            plan = {"budget_flops": _budget_of(a.plan_from), "source": f"from {a.plan_from.name} (--plan-from)"}
+            plan = {"budget_flops": planned_from, "source": f"from {a.plan_from.name} (--plan-from)"}
         else:
             study_dir.mkdir(parents=True, exist_ok=True)
             plan = calibrate(cfg, study_dir, deadline, timeline)
