@@ -168,6 +168,21 @@ def test_a_folder_of_text_files_without_an_extension_is_read_as_text(tmp_path, c
 
 
 # --- studies -------------------------------------------------------------------------------------------------
+def test_a_data_folder_a_study_preset_would_ignore_is_refused_before_any_pretraining(tmp_path, monkeypatch):
+    """ablate_quick reads BLiMP from its synthetic set: a data_dirs.blimp given beside it was ignored in silence."""
+    from pretrainlab.studies import ablation
+
+    monkeypatch.setattr(
+        ablation.pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
+    )
+    cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]")
+    cfg.data_dirs.blimp = str(tmp_path / "missing")
+    with pytest.raises(
+        ConfigError, match=r"data_dirs.blimp=.*missing, but this study reads blimp from its synthetic set"
+    ):
+        ablation.run_study(cfg)
+
+
 def test_a_study_checks_its_evaluation_data_before_any_pretraining(tmp_path, monkeypatch):
     from pretrainlab.studies import ablation
 

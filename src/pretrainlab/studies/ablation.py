@@ -218,7 +218,15 @@ def _run_study(
                     found.append((snapshot_dir(run_dir, fraction), "pretrained"))
         return found
 
-    check_evaluation_inputs(suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained"), tasks)
+    probe = suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
+    for block, path in (cfg.get("data_dirs") or {}).items():
+        if path is not None and str((probe.get(block) or {}).get("source")) == "synthetic":
+            raise ConfigError(
+                f"data_dirs.{block}={path}, but this study reads {block} from its synthetic set ({block}.source="
+                f"synthetic in glue.overrides of --config-name {cfg.study}): the folder would be ignored. Drop "
+                f"data_dirs.{block}, or add {block}.source=local to glue.overrides to read it."
+            )
+    check_evaluation_inputs(probe, tasks)
     # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
     for encoder, init in encoders():
         gcfg = suite_cfg(encoder, init)
