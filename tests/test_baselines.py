@@ -481,3 +481,13 @@ def test_a_run_and_a_study_say_whether_the_encoder_collapsed(tmp_path, caplog):
     )
     row["metrics"]["hidden_cosine"] = 0.2
     assert "| xlnet-s0 | encoder | | | not collapsed |" in learning_markdown({"xlnet-s0": row})
+    # the comparison's opening warning says which of the runs at their baseline collapsed
+    from pretrainlab.studies.intrinsic import learning_preface
+
+    at = learning.HeadCheck("PLM at its targets", "plm_acc_at_mask", 0.05, 0.05, "most frequent token", learning.AT)
+    row["checks"] = [at.to_dict()]
+    assert "collapsed" not in learning_preface({"xlnet-s0": row})
+    row["metrics"]["hidden_cosine"] = 0.99998
+    assert "PLM at its targets 0.050" in learning_preface(
+        {"xlnet-s0": row}
+    ) and "(collapsed: every token looks alike)" in (learning_preface({"xlnet-s0": row}))

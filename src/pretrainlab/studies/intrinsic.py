@@ -286,7 +286,10 @@ def learning_preface(rows: dict[str, dict]) -> str:
         "not their objectives (learning.md):",
         "",
     ]
-    lines += [f"- {name}: " + "; ".join(c.line() for c in checks) for name, checks in sorted(flagged.items())]
+    for name, checks in sorted(flagged.items()):
+        states = learning.states_line(rows[name].get("metrics") or {})
+        collapsed = (rows[name].get("metrics") or {}).get("hidden_cosine", 0.0) >= learning.COLLAPSED
+        lines.append(f"- {name}: " + "; ".join(c.line() for c in checks) + (f"; {states}" if collapsed else ""))
     return "\n".join(lines)
 
 
