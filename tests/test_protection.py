@@ -433,3 +433,19 @@ def test_a_pickled_hf_checkpoint_is_refused_with_how_to_convert_it(trained, tmp_
         encoder.state_dict()["embeddings.word_embeddings.weight"],
         load_encoder(trained)[0].state_dict()["embeddings.word_embeddings.weight"],
     )
+
+
+def test_an_export_without_its_weights_is_named_as_incomplete(tmp_path):
+    """An encoder/ holding its config.json but not its weights once failed on a bare "No such file"."""
+    from pretrainlab.export.native import CONFIG
+    from pretrainlab.finetuning import encoder_identity
+
+    export = tmp_path / "run" / "encoder"
+    export.mkdir(parents=True)
+    (export / CONFIG).write_text(
+        json.dumps({"encoder": {"vocab_size": 10, "hidden_size": 8, "num_layers": 1, "num_heads": 1}})
+    )
+    with pytest.raises(
+        FileNotFoundError, match=r"holds the encoder's config.json but not its weights \(encoder.safetensors\)"
+    ):
+        encoder_identity(str(tmp_path / "run"))

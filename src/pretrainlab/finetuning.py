@@ -95,6 +95,11 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
         cfg = EncoderConfig.from_dict(meta["encoder"])
         pre = meta.get("pretraining") or {}
         weights, tokenizer = d / WEIGHTS, d / TOKENIZER
+        if not weights.is_file():
+            raise FileNotFoundError(
+                f"{d} holds the encoder's {CONFIG} but not its weights ({WEIGHTS}): the export is incomplete (an "
+                f"interrupted export, or a copy without the weights). Export the run again, or copy {WEIGHTS} beside it."
+            )
         model = (pre.get("choices") or {}).get("model") or shape_name(cfg)
         seed = (pre.get("config") or {}).get("seed")
     digest = file_digest(weights)
