@@ -79,7 +79,7 @@ def test_above_and_past_from_are_the_validations_a_head_stays_there_from():
     ]
 
 
-def test_arms_train_at_once_and_report_when_each_head_left_its_baseline(tmp_path, monkeypatch):
+def test_arms_train_at_once_and_report_when_each_head_left_its_baseline(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(sys, "argv", ["experiments/arms.py"])
     path = _file(
         tmp_path,
@@ -110,3 +110,10 @@ def test_arms_train_at_once_and_report_when_each_head_left_its_baseline(tmp_path
     before = (out / "report" / "report.json").read_text()
     assert arms.main([str(path), "--out", str(out), "--report-only"]) == 0
     assert (out / "report" / "report.json").read_text() == before
+    # the same command again trains none of the arms that finished
+    curve = out / "runs" / "m15" / "learning.csv"
+    stamp = curve.stat().st_mtime_ns
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        assert arms.main([str(path), "--out", str(out), "--jobs", "2"]) == 0
+    assert "arm m15: trained already" in caplog.text and "arm m30: trained already" in caplog.text
+    assert curve.stat().st_mtime_ns == stamp and (out / "report" / "report.json").read_text() == before
