@@ -208,13 +208,31 @@ def states_metrics(tally: dict) -> dict[str, float]:
     return {"hidden_cosine": (float(total @ total) - n) / (n * (n - 1)) if n > 1 else math.nan}
 
 
+def collapsed(metrics: dict[str, float]) -> bool:
+    """Whether the final states of ``metrics`` (:func:`states_metrics`) say the encoder collapsed."""
+    return metrics.get("hidden_cosine", 0.0) >= COLLAPSED
+
+
 def states_line(metrics: dict[str, float]) -> str:
     """What the final states say, for a run's console summary and a study's learning.md."""
     cosine = metrics.get("hidden_cosine", math.nan)
     if not math.isfinite(cosine):
         return ""
-    verdict = "collapsed: every token looks alike" if cosine >= COLLAPSED else "tokens told apart"
+    verdict = "collapsed: every token looks alike" if collapsed(metrics) else "tokens told apart"
     return f"final states' mean cosine {cosine:.2f} ({verdict})"
+
+
+def held_out_tally(objective, encoder: torch.nn.Module, batch: dict) -> Tally:
+    """One held-out batch's counts: the objective's heads (``Objective.tally``) and the encoder's final
+    states (:func:`states_tally`)."""
+    return objective.tally(encoder, batch) | states_tally(encoder, batch)
+
+
+def judge(objective, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
+    """The metrics and verdicts of summed held-out tallies (:func:`held_out_tally`, :func:`to_host`):
+    the objective's heads (``Objective.learning``) and the encoder's final states."""
+    metrics, checks = objective.learning(tally)
+    return metrics | states_metrics(tally), checks
 
 
 # --- replaced-token detection ------------------------------------------------------------------------
@@ -309,9 +327,12 @@ __all__ = [
     "COLLAPSED",
     "add",
     "auc_from_histograms",
+    "collapsed",
     "detection_check",
     "detection_metrics",
     "detection_tally",
+    "held_out_tally",
+    "judge",
     "masked_check",
     "masked_metrics",
     "masked_tally",

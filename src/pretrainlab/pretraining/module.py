@@ -204,8 +204,7 @@ class PretrainModule(L.LightningModule):
             self.log(f"val/{name}", value, sync_dist=True, batch_size=bs)
         if not self.trainer.sanity_checking:
             with torch.no_grad():
-                self._tally = learning.add(self._tally, self.objective.tally(self.encoder, batch))
-                self._tally = learning.add(self._tally, learning.states_tally(self.encoder, batch))
+                self._tally = learning.add(self._tally, learning.held_out_tally(self.objective, self.encoder, batch))
 
     # --- what the heads learned (objectives.learning) ------------------------------------------
     def on_validation_epoch_start(self) -> None:
@@ -219,9 +218,7 @@ class PretrainModule(L.LightningModule):
         if dist.is_available() and dist.is_initialized():
             for value in self._tally.values():
                 dist.all_reduce(value)
-        host = learning.to_host(self._tally)
-        metrics, self.learning_checks = self.objective.learning(host)
-        metrics |= learning.states_metrics(host)
+        metrics, self.learning_checks = learning.judge(self.objective, learning.to_host(self._tally))
         self.learning_states = learning.states_line(metrics)
         self._tally = None
         self.learning_row = {

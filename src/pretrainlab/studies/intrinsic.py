@@ -91,13 +91,10 @@ def evaluate(
             sums[name] = sums.get(name, 0.0) + float(value) * n
         count += n
         if pair_task is None:
-            tally = learning.add(tally, objective.tally(encoder, batch))
-            tally = learning.add(tally, learning.states_tally(encoder, batch))
+            tally = learning.add(tally, learning.held_out_tally(objective, encoder, batch))
     result: dict = {name: total / count for name, total in sums.items()} | {"examples": count}
     if pair_task is None:
-        host = learning.to_host(tally or {})
-        metrics, checks = objective.learning(host)
-        metrics |= learning.states_metrics(host)
+        metrics, checks = learning.judge(objective, learning.to_host(tally or {}))
         result["learning"] = {"objective": objective.name, "metrics": metrics, "checks": [c.to_dict() for c in checks]}
     return result
 
@@ -170,8 +167,8 @@ def learning_markdown(rows: dict[str, dict]) -> str:
             )
         states = learning.states_line(row.get("metrics") or {})
         if states:
-            collapsed = row["metrics"]["hidden_cosine"] >= learning.COLLAPSED
-            lines.append(f"| {name} | encoder | | | {'**collapsed**' if collapsed else 'not collapsed'} | {states} |")
+            verdict = "**collapsed**" if learning.collapsed(row["metrics"]) else "not collapsed"
+            lines.append(f"| {name} | encoder | | | {verdict} | {states} |")
     lines += [
         "",
         "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
@@ -287,9 +284,9 @@ def learning_preface(rows: dict[str, dict]) -> str:
         "",
     ]
     for name, checks in sorted(flagged.items()):
-        states = learning.states_line(rows[name].get("metrics") or {})
-        collapsed = (rows[name].get("metrics") or {}).get("hidden_cosine", 0.0) >= learning.COLLAPSED
-        lines.append(f"- {name}: " + "; ".join(c.line() for c in checks) + (f"; {states}" if collapsed else ""))
+        metrics = rows[name].get("metrics") or {}
+        states = f"; {learning.states_line(metrics)}" if learning.collapsed(metrics) else ""
+        lines.append(f"- {name}: " + "; ".join(c.line() for c in checks) + states)
     return "\n".join(lines)
 
 
