@@ -43,6 +43,12 @@ def _check_example_counts(results: list[dict]) -> None:
             )
 
 
+def score_range(tasks: list[str]) -> tuple[float, float]:
+    """Where the mean score of ``tasks`` can lie (a GLUE score): the mean of their ranges."""
+    lows = [get(t).score_range[0] for t in tasks] or [0.0]
+    return (sum(lows) / len(lows), 100.0)
+
+
 def bounded_summary(summary: stats.Summary, bounds: tuple[float, float]) -> dict:
     """A summary as a dict, its interval cut to the score's range (``cut``: True when it was)."""
     out = summary.to_dict()
@@ -146,11 +152,10 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 per_seed[encoders[label][e]["pretrain_seed"]] = scores
         if per_encoder:
             summary = stats.summarize(per_encoder, level, method, rng)
-            lows = [get(t).score_range[0] for t in glue_tasks]
             glue[label] = {
                 "score": (summary.mean, summary.sd_ft),
                 "pretrain_sd": summary.sd_pt,
-                "summary": bounded_summary(summary, (sum(lows) / len(lows), 100.0)),
+                "summary": bounded_summary(summary, score_range(glue_tasks)),
             }
             seeded[label]["glue"] = per_seed
         else:  # no fine-tuning seed ran every task: the mean of task means, without a spread

@@ -8,16 +8,13 @@ import csv
 import io
 
 from pretrainlab import stats
-from pretrainlab.compare.statistics import DELTAS
+from pretrainlab.compare.statistics import DELTAS, score_range
 from pretrainlab.evaluation.base import display_name, get, known
 
 
 def column_range(table: dict, column: str) -> tuple[float, float]:
     """Where a column's scores lie: its evaluation's range; GLUE's, the mean of its tasks' ranges."""
-    if column != "glue":
-        return get(column).score_range
-    lows = [get(t).score_range[0] for t in table["glue_tasks"]] or [0.0]
-    return (sum(lows) / len(lows), 100.0)
+    return score_range(table["glue_tasks"]) if column == "glue" else get(column).score_range
 
 
 def _interval(ci, bounds: tuple[float, float] | None = None) -> str:
