@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -207,4 +209,39 @@ def exit_on_signal(what: str, hint: str):
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["STOP_SIGNALS", "SaveOnSignal", "StepCheckpoint", "exit_on_signal", "signal_name", "worker_init"]
+class TimeUp(BaseException):
+    """A command's time ran out (:func:`deadline`): raised in the main thread, it stops the work in
+    progress as Ctrl-C does (``studies.parallel`` sends every process SIGTERM) and lets the command
+    write what finished."""
+
+
+@contextmanager
+def deadline(at: float, message: Callable[[], str]):
+    """Raise :class:`TimeUp` (``message()``, at the moment it is raised) in this thread at ``at``
+    (``time.time()``). Without interval timers (Windows) nothing is stopped."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> NoReturn:
+        raise TimeUp(message())
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+__all__ = [
+    "STOP_SIGNALS",
+    "SaveOnSignal",
+    "StepCheckpoint",
+    "TimeUp",
+    "deadline",
+    "exit_on_signal",
+    "signal_name",
+    "worker_init",
+]

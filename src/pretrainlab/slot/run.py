@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError
+from pretrainlab.runtime.signals import TimeUp, deadline
 
 log = logging.getLogger("pretrainlab")
 
@@ -91,32 +91,19 @@ class Timeline:
         return out
 
 
-class TimeUp(BaseException):
-    """The slot's time ran out: raised in the main thread, it stops the work in progress as Ctrl-C
-    does (every process is sent SIGTERM), and the slot writes its archive."""
-
-
 @contextlib.contextmanager
 def time_limit(at: float, timeline: Timeline, minutes: float, kept_s: float) -> Iterator[None]:
     """Raise :class:`TimeUp` in this thread at ``at`` (``time.time()``), naming the phase it stops."""
-    if not hasattr(signal, "setitimer"):  # no interval timers (Windows): the slot is not stopped
-        yield
-        return
 
-    def stop(signum, frame) -> None:
-        raise TimeUp(
+    def message() -> str:
+        return (
             f"the slot's {minutes:g} minutes ran out (less {kept_s:g} s kept for its archive) during its "
             f"{timeline.marks[-1][0]} phase; the work in progress was stopped and what finished is in this "
             f"archive. Give the slot more time (--minutes) or less work (objectives, glue.tasks, glue.seeds)."
         )
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))
-    try:
+    with deadline(at, message):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> DictConfig:

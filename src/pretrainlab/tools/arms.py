@@ -39,10 +39,8 @@ import io
 import logging
 import math
 import re
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +54,6 @@ FILE = "arms.json"  # what the runs of an --out were made from: the same command
 
 class ArmsError(ValueError):
     """An arms file or command line that cannot be run: what is wrong and how to fix it."""
-
-
-class TimeUp(BaseException):
-    """``--minutes`` ran out (a BaseException, so that the runs in progress are stopped as by Ctrl-C)."""
 
 
 def load_arms(path: Path) -> tuple[str, list[str], dict[str, list[str]]]:
@@ -242,24 +236,6 @@ def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list
     return report
 
 
-@contextmanager
-def time_limit(minutes: float | None) -> Iterator[None]:
-    if not minutes:
-        yield
-        return
-
-    def stop(signum, frame) -> None:
-        raise TimeUp(f"--minutes {minutes:g} ran out")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, minutes * 60)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python experiments/arms.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -283,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
     from pretrainlab import atomic
     from pretrainlab.runtime.script import rerun_command
+    from pretrainlab.runtime.signals import TimeUp, deadline
     from pretrainlab.studies.parallel import call_work, check_jobs, run_parallel
 
     try:
@@ -328,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         started = time.time()
+        limit = deadline(started + 60 * args.minutes, lambda: "--minutes ran out") if args.minutes else nullcontext()
         try:
-            with time_limit(args.minutes):
+            with limit:
                 run_parallel(work, jobs, rerun_command())
         except TimeUp:
             log.warning(
