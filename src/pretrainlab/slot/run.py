@@ -371,14 +371,13 @@ def run_slot(a: SlotArgs) -> Path:
         utilisation.stop()
         account(record, timeline, utilisation, study_dir)
         report = study_dir / "report"
-        name = "slot"
-        if record.get("error") and finished(report / "slot.json"):  # a failed record never replaces a finished one
-            name = f"slot-failed-{time.strftime('%H%M%S')}"
+        failed = f"-failed-{time.strftime('%H%M%S')}" if record.get("error") else ""
+        # a failed record never replaces a finished one
+        name = f"slot{failed}" if failed and finished(report / "slot.json") else "slot"
         if not refused:
             atomic.write_json(report / f"{name}.json", record)
             atomic.write_text(report / f"{name}.md", slot_markdown(record) + "\n")
-        if record.get("error"):  # what a failed slot brings back, under a name of its own
-            archive = archive.with_name(archive.name.replace(".tar.gz", f"-failed-{time.strftime('%H%M%S')}.tar.gz"))
+        archive = archive.with_name(archive.name.replace(".tar.gz", f"{failed}.tar.gz"))  # a failed slot's own name
         if not refused and not archive.exists():
             write_archive(study_dir, archive, {"slot.log": work / "slot.log"})
             log.info(
