@@ -27,6 +27,11 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else []
 
 
+def heads(row: dict[str, str]) -> list[str]:
+    """The heads a row judges (its ``status:<head>`` columns), in their order."""
+    return [k.split(":", 1)[1] for k in row if k.startswith("status:")]
+
+
 class LearningLog(L.Callback):
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / FILE
@@ -44,4 +49,4 @@ class LearningLog(L.Callback):
         atomic.write_text(self.path, out.getvalue())
 
 
-__all__ = ["FILE", "LearningLog", "read_rows"]
+__all__ = ["FILE", "LearningLog", "heads", "read_rows"]

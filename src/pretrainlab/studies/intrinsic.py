@@ -187,14 +187,13 @@ def learning_curves(runs: list[Path], out_dir: Path) -> dict[str, dict]:
     held-out score divided by its trivial baseline against pretraining FLOPs, in
     ``learning-curves.png``, and the first validation at which each head was past its baseline, in
     ``learning-curves.md``. Returns {run: {head: {"past_at": {step, tokens, flops} | None, "points": n}}}."""
-    from pretrainlab.pretraining.learning_log import FILE, read_rows
+    from pretrainlab.pretraining.learning_log import FILE, heads, read_rows
 
     found: dict[str, dict] = {}
     curves: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
     for run in runs:
         rows = read_rows(run / FILE)
-        heads = [k.split(":", 1)[1] for k in (rows[0] if rows else {}) if k.startswith("status:")]
-        for head in heads:
+        for head in heads(rows[0] if rows else {}):
             points = [
                 (
                     float(r["flops"]),

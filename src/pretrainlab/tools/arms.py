@@ -46,6 +46,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.objectives.learning import ABOVE, PAST
+from pretrainlab.pretraining.learning_log import FILE as LEARNING
+from pretrainlab.pretraining.learning_log import heads, read_rows
+
 log = logging.getLogger("pretrainlab")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
@@ -126,13 +130,9 @@ def _number(text: Any) -> float:
         return math.nan
 
 
-def heads(row: dict[str, str]) -> list[str]:
-    """The heads a learning.csv row judges (its ``status:<head>`` columns)."""
-    return [k.split(":", 1)[1] for k in row if k.startswith("status:")]
-
-
 def first(rows: list[dict[str, str]], head: str, statuses: tuple[str, ...]) -> dict[str, str] | None:
-    """The first validation from which the head's verdict stays in ``statuses`` to the end."""
+    """The first validation from which the head's verdict stays in ``statuses`` to the end (a study's
+    ``learning-curves.md`` gives the first validation past it, even one it fell back from)."""
     found = None
     for row in rows:
         if row.get(f"status:{head}") in statuses:
@@ -144,7 +144,6 @@ def first(rows: list[dict[str, str]], head: str, statuses: tuple[str, ...]) -> d
 
 def summary_rows(arms: dict[str, list[str]], curves: dict[str, list[dict[str, str]]]) -> list[list[str]]:
     """One row per arm and head: when it went above and past its baseline, where it ended."""
-    from pretrainlab.objectives.learning import ABOVE, PAST
 
     def when(row: dict[str, str] | None) -> str:
         if row is None:
@@ -217,8 +216,6 @@ COLUMNS = [
 
 def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list[str]) -> Path:
     from pretrainlab import atomic
-    from pretrainlab.pretraining.learning_log import FILE as LEARNING
-    from pretrainlab.pretraining.learning_log import read_rows
     from pretrainlab.tools.docs import write_table_report
 
     curves = {arm: read_rows(out / "runs" / arm / LEARNING) for arm in arms if (out / "runs" / arm).is_dir()}
