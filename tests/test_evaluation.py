@@ -428,6 +428,40 @@ def test_probes_score_every_layer_from_features_computed_once(encoders, tmp_path
     assert sst2["metrics"]["accuracy"] == sst2["probes"]["last4"] > 0.6 and sst2["eval_examples"]["validation"] == 80
 
 
+def test_probes_fitted_together_are_the_probes_fitted_one_by_one():
+    """fit_probes fits every probe of probe_all in one step (stacked single-layer probes, one backward,
+    one optimizer): each probe ends with the weights fit_probe gives it alone, weight decay and the
+    scalar mix's faster group included, for the layers in order and for a gathered subset of them."""
+    from pretrainlab.evaluation.probes import Probe, fit_probe, fit_probes
+
+    torch.manual_seed(0)
+    n, layers, hidden, classes = 1500, 5, 24, 4
+    x = torch.randn(n, layers, hidden)
+    y = (x[:, 3, :3].sum(1) > 0).long() + 2 * (x[:, 1, 0] > 1).long()
+
+    def made(configs):
+        out = {}
+        for name, (ls, mix) in configs.items():
+            torch.manual_seed(7)
+            out[name] = Probe(ls, hidden, classes, mix)
+        return out
+
+    every = {f"layer_{i}": ([i], False) for i in range(layers)} | {
+        "last4": ([1, 2, 3, 4], False),
+        "mix": ([0, 1, 2, 3, 4], True),
+    }
+    subset = {"layer_4": ([4], False), "layer_1": ([1], False), "mix": ([1, 3], True)}
+    for configs in (every, subset):
+        alone = {k: fit_probe(p, x, y, 3, 1e-3, 64, 0.01, 7) for k, p in made(configs).items()}
+        together = fit_probes(made(configs), x, y, 3, 1e-3, 64, 0.01, 7)
+        assert list(together) == list(configs)
+        for name in configs:
+            for a, b in zip(alone[name].parameters(), together[name].parameters(), strict=True):
+                assert torch.allclose(a, b, atol=1e-6), name
+        fresh = made(configs)["layer_1"]
+        assert not torch.allclose(fresh.linear.weight, together["layer_1"].linear.weight)  # it was trained
+
+
 def test_an_export_with_another_tokenizer_is_refused_and_features_are_keyed_by_the_tokenizer(
     encoders, tmp_path, monkeypatch
 ):
