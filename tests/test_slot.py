@@ -3,6 +3,8 @@ a time budget into one FLOP budget, the inputs archive, and the command end to e
 in the layout of the real data (pack, run two slots, bring back, merge, report)."""
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -363,6 +365,71 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
     (failed,) = report.glob("slot-failed-*.json")
     assert "fell off the bus" in json.loads(failed.read_text())["error"]
     assert list((tmp_path / "out").glob("slot-s0-failed-*.tar.gz"))  # what it brings back, as before
+
+
+def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_there(packed, tmp_path, monkeypatch):
+    """A slot stopped in its evaluation and continued: the finished record keeps the first start's
+    (phases, error, wall-clock), the runs pretrained there are reported as they ran there (not at a
+    negative time into a pretraining phase that trained nothing), no throughput is made up for the
+    empty phase, and slot.md gives pretraining's share of the wall-clock over both starts."""
+    from pretrainlab.slot.run import SlotArgs, run_slot
+
+    _, inputs = packed
+    work = tmp_path / "w"
+    report = work / "slot" / "report"
+    report.mkdir(parents=True)
+    encoder = work / "slot" / "pretrain" / "roberta-s0" / "encoder"
+    encoder.mkdir(parents=True)
+    trained = {"objective": "roberta", "global_step": 40, "tokens_seen": 5e6, "flops": 1e12, "seconds": 150.0}
+    (encoder / "config.json").write_text(json.dumps({"pretraining": trained}))
+    an_hour_ago = time.time() - 3600
+    os.utime(encoder / "config.json", (an_hour_ago, an_hour_ago))
+    first = {
+        "seeds": [0],
+        "started": "earlier",
+        "minutes": 9.0,
+        "wall_s": 524.0,
+        "error": "TimeUp: the slot's 9 minutes ran out during its evaluation phase",
+        "plan": {"budget_flops": 1e12, "source": "given (--budget-flops)"},
+        "phases": {
+            "pretraining": {"from_s": 25.0, "seconds": 233.0},
+            "evaluation": {"from_s": 258.0, "seconds": 266.0},
+        },
+        "runs": {
+            "roberta-s0": {"objective": "roberta", "steps": 40, "tokens": 5e6, "flops": 1e12, "exported_s": 208.0}
+        },
+        "pretraining_throughput": {"tokens_per_s": 3.1e6, "flops_per_s": 7.7e13},
+    }
+    (report / "slot.json").write_text(json.dumps(first))
+
+    def evaluates(cfg, timeline):
+        timeline("pretraining")  # nothing left to pretrain
+        timeline("evaluation")
+
+    monkeypatch.setattr("pretrainlab.studies.ablation.run_study", evaluates)
+    args = SlotArgs(
+        inputs=inputs,
+        out=tmp_path / "out",
+        seed=0,
+        work=work,
+        budget_flops=1e12,
+        overrides=list(SMALL),
+        started_at=time.time(),
+        installed={},
+    )
+    run_slot(args)
+    record = json.loads((report / "slot.json").read_text())
+    assert "error" not in record
+    (earlier,) = record["earlier"]
+    assert earlier["error"] == first["error"] and earlier["wall_s"] == 524.0
+    assert record["runs"]["roberta-s0"] == {**first["runs"]["roberta-s0"], "start": 1}
+    assert "pretraining_throughput" not in record
+    md = (report / "slot.md").read_text()
+    assert "## Starts" in md and "| 208 s (start 1) |" in md
+    share = re.search(r"\*\*Pretraining\*\*: (\d+) s of the (\d+) s of wall-clock over its 2 starts", md)
+    assert share and int(share[1]) == 233 and int(share[2]) >= 524, md
+    assert "as it ran in start 1: 3.10M tokens/s and 77.00 TFLOP/s" in md
+    assert list((tmp_path / "out").glob("slot-s0.tar.gz"))
 
 
 def test_a_slots_folders_and_archives_that_cannot_be_used_are_named_without_a_traceback(packed, tmp_path, capsys):

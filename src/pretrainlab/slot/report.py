@@ -1,6 +1,7 @@
 """``report/slot.md``: what a slot did, from its ``slot.json`` (``run.account``): the machine and the
-code, the phases with the device's utilisation, the plan against what happened run by run, and the
-jobs' aggregate throughput at once against one after another."""
+code, the share of the wall-clock pretraining had, the phases with the device's utilisation (each
+start's, for a slot continued), the plan against what happened run by run, and the jobs' aggregate
+throughput at once against one after another."""
 
 from __future__ import annotations
 
@@ -36,8 +37,33 @@ def slot_markdown(record: dict) -> str:
         f"- **Installed at the start**: {', '.join((record.get('installed') or {}).get('packages') or []) or 'nothing'}",
         f"- **Wall-clock**: {record.get('wall_s', 0):.0f} s of the {60 * float(record.get('minutes') or 0):.0f} s allowed",
     ]
+    starts = [*(record.get("earlier") or []), record]
+    wall = sum(float(r.get("wall_s") or 0) for r in starts)
+    pretraining = sum(float(((r.get("phases") or {}).get("pretraining") or {}).get("seconds") or 0) for r in starts)
+    if wall:
+        over = f" over its {len(starts)} starts" if len(starts) > 1 else ""
+        lines.append(
+            f"- **Pretraining**: {pretraining:.0f} s of the {wall:.0f} s of wall-clock{over} ({pretraining / wall:.0%})"
+        )
     if record.get("error"):
         lines += ["", f"**The slot failed**: {record['error']}"]
+    if len(starts) > 1:
+        lines += [
+            "",
+            "## Starts",
+            "",
+            "The slot was continued (the same command and `--work` again): each start, its phases and how it ended. "
+            "The rest of this page is the last start's, but for the runs pretrained in an earlier one.",
+            "",
+            "| start | started | wall-clock | phases | ended |",
+            "|---|---|---|---|---|",
+        ]
+        for k, r in enumerate(starts, 1):
+            steps = ", ".join(f"{n} {p['seconds']:.0f} s" for n, p in (r.get("phases") or {}).items())
+            lines.append(
+                f"| {k} | {r.get('started', '?')} | {float(r.get('wall_s') or 0):.0f} s of "
+                f"{60 * float(r.get('minutes') or 0):.0f} s | {steps or '–'} | {r.get('error') or 'finished'} |"
+            )
     phases = record.get("phases") or {}
     if phases:
         lines += ["", "## Phases", "", "| phase | from | length | GPU utilisation (peak memory) |", "|---|---|---|---|"]
@@ -64,10 +90,10 @@ def slot_markdown(record: dict) -> str:
             objective = name.rsplit("-s", 1)[0]
             r, rate = runs.get(name, {}), rates.get(objective, {})
             planned = (plan.get("planned_end_s") or {}).get(objective)
-            exported = r.get("exported_s")
+            then = f" (start {r['start']})" if r.get("start") else ""
             lines.append(
                 f"| {name} | {_tera(rate.get('together'))} | {_tera(rate.get('alone'))} | {_seconds(planned)} | "
-                f"{_seconds(exported)} | {_seconds(r.get('done_s'))} | {r.get('steps', '–')} | {_mega(r.get('tokens'))} | "
+                f"{_seconds(r.get('exported_s'))}{then} | {_seconds(r.get('done_s'))}{then} | {r.get('steps', '–')} | {_mega(r.get('tokens'))} | "
                 f"{r.get('flops') or 0:.3g} |"
             )
     speed = plan.get("throughput")
@@ -91,14 +117,16 @@ def slot_markdown(record: dict) -> str:
                 f"| one after another | {_mega(seq['tokens_per_s'])} | {_tera(seq['flops_per_s'])} | {_util(util.get('alone'))} |"
             )
             lines += ["", f"At once: **{speed['speedup']:.2f}x** the aggregate throughput of one after another."]
-    done = record.get("pretraining_throughput")
-    if done:
-        lines += [
-            "",
-            f"The pretraining phase as it ran: {_mega(done['tokens_per_s'])} tokens/s and {_tera(done['flops_per_s'])} "
-            f"TFLOP/s in aggregate over its wall-clock, GPU utilisation "
-            f"{_util((phases.get('pretraining') or {}).get('utilisation'))}.",
-        ]
+    for k, r in enumerate(starts, 1):
+        done = r.get("pretraining_throughput")
+        if done:
+            which = f" in start {k}" if len(starts) > 1 else ""
+            lines += [
+                "",
+                f"The pretraining phase as it ran{which}: {_mega(done['tokens_per_s'])} tokens/s and "
+                f"{_tera(done['flops_per_s'])} TFLOP/s in aggregate over its wall-clock, GPU utilisation "
+                f"{_util(((r.get('phases') or {}).get('pretraining') or {}).get('utilisation'))}.",
+            ]
     return "\n".join(lines)
 
 

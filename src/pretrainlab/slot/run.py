@@ -248,9 +248,50 @@ def _runs_as_run(study: Path, phases: dict) -> dict:
     return out
 
 
-def account(record: dict, timeline: Timeline, utilisation: Any, study: Path) -> dict:
+def earlier_starts(report: Path) -> list[dict]:
+    """The records of the starts before this one of a slot being continued: a ``report/slot.json`` that
+    did not finish (with the starts before it), or none."""
+    try:
+        record = json.loads((report / "slot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(record, dict) or not record.get("error"):
+        return []
+    earlier = record.pop("earlier", None) or []
+    record.pop("settings", None)  # the same study: its settings are the slot's own
+    return [*earlier, record]
+
+
+def with_earlier(record: dict, earlier: list[dict]) -> dict:
+    """``record`` completed with its pretraining throughput and, for a start that continued a slot,
+    its ``earlier`` starts: this start's throughput counts only the runs it pretrained (none: no
+    throughput), and a run pretrained in an earlier start is reported as it ran there."""
+    runs = record.get("runs") or {}
+    before = [name for name, r in runs.items() if not _pretrained_here(r)]
+    trained = [r for name, r in runs.items() if name not in before]
+    seconds = float(((record.get("phases") or {}).get("pretraining") or {}).get("seconds") or 0)
+    if trained and seconds > 0:
+        record["pretraining_throughput"] = {
+            "tokens_per_s": sum(float(r["tokens"] or 0) for r in trained) / seconds,
+            "flops_per_s": sum(float(r["flops"] or 0) for r in trained) / seconds,
+        }
+    if earlier:
+        record["earlier"] = earlier
+    for name in before:
+        for k in range(len(earlier) - 1, -1, -1):
+            then = (earlier[k].get("runs") or {}).get(name)
+            if then and then.get("exported_s") is not None and then["exported_s"] >= 0:
+                runs[name] = {**then, "start": k + 1}
+                break
+        else:  # pretrained before this start, in none that recorded it
+            runs[name] = {**runs[name], "exported_s": None, "done_s": None}
+    return record
+
+
+def account(record: dict, timeline: Timeline, utilisation: Any, study: Path, earlier: list[dict] | None = None) -> dict:
     """The slot's record completed with what happened: phases with the device's utilisation, each run
-    as it ran, the pretraining phase's aggregate throughput."""
+    as it ran, the pretraining phase's aggregate throughput; for a slot continued, its ``earlier``
+    starts (``with_earlier``)."""
     if timeline.marks[-1][0] != "end":
         timeline.mark("end")
     phases = timeline.phases()
@@ -258,15 +299,7 @@ def account(record: dict, timeline: Timeline, utilisation: Any, study: Path) -> 
         p["utilisation"] = utilisation.over(p["at"], p["until"])
     record["phases"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("at", "until")} for k, v in phases.items()}
     record["wall_s"] = round(time.time() - timeline.start, 1)
-    runs = _runs_as_run(study, phases)
-    record["runs"] = runs
-    pretraining = phases.get("pretraining")
-    if pretraining and runs:
-        seconds = pretraining["seconds"]
-        record["pretraining_throughput"] = {
-            "tokens_per_s": sum(float(r["tokens"] or 0) for r in runs.values()) / seconds,
-            "flops_per_s": sum(float(r["flops"] or 0) for r in runs.values()) / seconds,
-        }
+    record["runs"] = _runs_as_run(study, phases)
     windows = (record.get("plan") or {}).get("windows")
     if windows:
         together = windows["together"]
@@ -275,7 +308,13 @@ def account(record: dict, timeline: Timeline, utilisation: Any, study: Path) -> 
             "together": utilisation.over(*together),
             "alone": utilisation.over(alone[0][0], alone[-1][1]) if alone else None,
         }
-    return record
+    return with_earlier(record, earlier or [])
+
+
+def _pretrained_here(run: dict) -> bool:
+    """Whether a run of this start's record was pretrained in this start: not exported before its
+    pretraining phase began (a negative time into it)."""
+    return run.get("exported_s") is None or run["exported_s"] >= 0
 
 
 def finished(record: Path) -> bool:
@@ -326,6 +365,7 @@ def run_slot(a: SlotArgs) -> Path:
     archive = a.out / f"slot-s{a.seed}.tar.gz"
     stack = contextlib.ExitStack()  # the slot's time limit, once its length is known
     refused = True  # until the checks before any work have passed: a refusal writes no record and no archive
+    earlier: list[dict] = []  # a slot continued: the records of its starts before this one
     try:
         timeline.mark("unpack")
         inputs, manifest = unpack(a.inputs, work)
@@ -336,6 +376,7 @@ def run_slot(a: SlotArgs) -> Path:
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
         planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
         refused = False
+        earlier = earlier_starts(study_dir / "report")
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
         deadline = a.started_at + 60 * minutes
         record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
@@ -369,7 +410,7 @@ def run_slot(a: SlotArgs) -> Path:
     finally:
         stack.close()
         utilisation.stop()
-        account(record, timeline, utilisation, study_dir)
+        account(record, timeline, utilisation, study_dir, earlier)
         report = study_dir / "report"
         failed = f"-failed-{time.strftime('%H%M%S')}" if record.get("error") else ""
         # a failed record never replaces a finished one
@@ -391,4 +432,14 @@ def run_slot(a: SlotArgs) -> Path:
     return archive
 
 
-__all__ = ["SlotArgs", "Timeline", "TimeUp", "compose_study", "run_slot", "settings", "time_limit"]
+__all__ = [
+    "SlotArgs",
+    "Timeline",
+    "TimeUp",
+    "compose_study",
+    "earlier_starts",
+    "run_slot",
+    "settings",
+    "time_limit",
+    "with_earlier",
+]
