@@ -39,7 +39,7 @@ def test_a_number_edited_by_hand_in_a_generated_table_fails_the_check(tmp_path):
     row = next(line for line in table["body"].splitlines() if line.startswith("| ") and re.search(r"\d\.\d", line))
     edited = re.sub(r"(\d)\.(\d)", lambda m: f"{(int(m[1]) + 1) % 10}.{m[2]}", row, count=1)
     (root / "README.md").write_text(text.replace(row, edited, 1), encoding="utf-8")
-    assert docs.check(root) == ["README.md: <!-- report: quick-study comparison --> differs from its report"]
+    assert docs.check(root) == [f"README.md: <!-- report: {table['name']} comparison --> differs from its report"]
     assert docs.build(root) == [root / "README.md"]
     assert (root / "README.md").read_text(encoding="utf-8") == text and docs.check(root) == []
     # the site's home page is the README's copy: edited by hand, it is found too
@@ -148,7 +148,7 @@ def test_the_docs_tool_works_on_the_checkout_it_runs_in_and_refuses_outside_one(
     readme.write_text(readme.read_text(encoding="utf-8").replace("| albert |", "| ALBERT |", 1), encoding="utf-8")
     monkeypatch.chdir(other / "docs")
     assert docs.main(["check"]) == 1  # this checkout's README, not the installed tree's
-    assert "README.md: <!-- report: quick-study comparison --> differs" in capsys.readouterr().out
+    assert "README.md: <!-- report: gpu-slot-s0 comparison --> differs" in capsys.readouterr().out  # the first table
     assert (ROOT / "README.md").read_text(encoding="utf-8").count("| ALBERT |") == 0
     outside = tmp_path / "outside"
     outside.mkdir()
