@@ -367,6 +367,41 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
     assert list((tmp_path / "out").glob("slot-s0-failed-*.tar.gz"))  # what it brings back, as before
 
 
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["objectives=[robrta]"], "objectives: robrta is not an objective of conf/objective/ (albert, bert"),
+        (["jobs=0"], "jobs=0: give the number of runs to train at once, 1 or more"),
+        (["baseline=electra"], "baseline='electra' is not a row of this study: name one of roberta, bert, scratch"),
+        (["lr=-1"], "pretraining run roberta-s0 of the study: optim.lr=-1: must be positive"),
+        (["glue.tasks=[colaa]"], "unknown evaluation task 'colaa'"),
+    ],
+)
+def test_a_slot_whose_study_would_be_refused_writes_no_record_and_no_archive(packed, tmp_path, overrides, says):
+    """The study's own checks run before the slot's record exists: a misspelt objective, a bad jobs,
+    baseline, optimizer setting or task is refused naming it, with no failed slot.json in the work
+    folder and no failed archive in --out (they once came after the record, some as a traceback)."""
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.run import SlotArgs, run_slot
+
+    _, inputs = packed
+    args = SlotArgs(
+        inputs=inputs,
+        out=tmp_path / "out",
+        seed=0,
+        work=tmp_path / "w",
+        budget_flops=1e12,
+        overrides=[*SMALL, *overrides],
+        started_at=time.time(),
+        installed={},
+    )
+    with pytest.raises(ConfigError) as refused:
+        run_slot(args)
+    assert says in str(refused.value)
+    assert list((tmp_path / "out").iterdir()) == []
+    assert not list((tmp_path / "w").rglob("slot*.json")) and not (tmp_path / "w" / "slot" / "pretrain").exists()
+
+
 def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_there(packed, tmp_path, monkeypatch):
     """A slot stopped in its evaluation and continued: the finished record keeps the first start's
     (phases, error, wall-clock), the runs pretrained there are reported as they ran there (not at a
@@ -407,6 +442,7 @@ def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_th
         timeline("evaluation")
 
     monkeypatch.setattr("pretrainlab.studies.ablation.run_study", evaluates)
+    monkeypatch.setattr("pretrainlab.studies.ablation.check_study", lambda cfg: None)  # the run above is a record only
     args = SlotArgs(
         inputs=inputs,
         out=tmp_path / "out",

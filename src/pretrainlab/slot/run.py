@@ -333,7 +333,7 @@ def run_slot(a: SlotArgs) -> Path:
     from pretrainlab.slot.device import Utilisation, describe
     from pretrainlab.slot.inputs import digest, unpack
     from pretrainlab.slot.report import slot_markdown
-    from pretrainlab.studies.ablation import run_study
+    from pretrainlab.studies.ablation import check_study, run_study
 
     work = (a.work or Path("runs") / "slots" / f"s{a.seed}").expanduser().resolve()
     for option, folder in (("--out", a.out), ("--work", work)):
@@ -375,6 +375,21 @@ def run_slot(a: SlotArgs) -> Path:
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
         planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
+        plan_file = study_dir / "plan.json"
+        try:
+            kept = json.loads(plan_file.read_text()) if plan_file.is_file() else None
+            assert kept is None or isinstance(kept.get("budget_flops"), int | float)
+        except (ValueError, AssertionError, AttributeError):
+            raise ConfigError(
+                f"{plan_file}: not the budget a slot planned (damaged or edited). Move it away to plan again, "
+                f"or give the slot another --work."
+            ) from None
+        # the study's own checks before any work, at the budget it will have (calibration's is not known yet)
+        checked = cfg.copy()
+        checked.budget_flops = float(
+            (kept or {}).get("budget_flops") or a.budget_flops or planned_from or 1.0  # 1.0: replaced by the plan
+        )
+        check_study(checked)
         refused = False
         earlier = earlier_starts(study_dir / "report")
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
@@ -382,9 +397,8 @@ def run_slot(a: SlotArgs) -> Path:
         record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
         kept_s = float(cfg.slot.reserve_s.report)
         stack.enter_context(time_limit(deadline - kept_s, timeline, minutes, kept_s))
-        plan_file = study_dir / "plan.json"
-        if plan_file.is_file():
-            plan = json.loads(plan_file.read_text())
+        if kept is not None:
+            plan = kept
             plan["source"] = f"{plan.get('source')}, kept from the slot's first start"
             log.info(
                 "plan: %.2g FLOPs per objective, kept from this slot's first start (%s)",

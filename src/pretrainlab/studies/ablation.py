@@ -115,22 +115,45 @@ def _set_group(cfg: DictConfig, group: str) -> None:
         cfg.logger.group = group
 
 
+def _rows(cfg: DictConfig) -> tuple[Path, list[str], list[float]]:
+    """The study's directory, objectives and snapshot fractions, checked: every objective one of
+    ``conf/objective/``, the baseline one of the rows, every evaluation known."""
+    root = Path(cfg.output_root).expanduser() / cfg.study
+    known = options("objective")
+    objectives = list(dict.fromkeys(known if cfg.objectives == "all" else cfg.objectives))
+    unknown = [o for o in objectives if o not in known]
+    if unknown:
+        raise ConfigError(
+            f"objectives: {', '.join(map(str, unknown))} {'is not an objective' if len(unknown) == 1 else 'are not objectives'}"
+            f" of conf/objective/ ({', '.join(known)}); or objectives=all (conf/ablate.yaml or the command line)."
+        )
+    fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
+    baseline = cfg.get("baseline")
+    if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
+        raise ConfigError(
+            f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
+            f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line)."
+        )
+    study_tasks(cfg)  # an unknown evaluation is refused before anything runs
+    return root, objectives, fractions
+
+
+def check_study(cfg: DictConfig) -> None:
+    """Every check a study makes before any work (``run_study`` makes them again when it starts):
+    its rows, evaluations and their data, the runs and results already in its directory against its
+    settings, each pretraining run's settings and ``jobs``. Writes nothing but the evaluations'
+    generated data sets into their cache."""
+    root, objectives, fractions = _rows(cfg)
+    _Prepared(cfg, root, objectives, fractions)
+
+
 def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) -> dict:
     """Run (or continue) the study ``cfg`` describes; returns the comparison table. Every pretraining
     run already there and every finished GLUE result is checked against the study's settings before
     anything runs; a signal stops the study with its command to continue. ``timeline``: told the
     name of each phase as it starts (``pretraining``, ``evaluation``, ``report``) and ``end``."""
     os.environ.setdefault("WANDB_SILENT", "true")  # dozens of runs: W&B speaks only when something fails
-    root = Path(cfg.output_root).expanduser() / cfg.study
-    objectives = list(dict.fromkeys(options("objective") if cfg.objectives == "all" else cfg.objectives))
-    fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
-    baseline = cfg.get("baseline")
-    if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
-        raise ValueError(
-            f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
-            f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line)."
-        )
-    study_tasks(cfg)  # an unknown evaluation is refused before anything runs
+    root, objectives, fractions = _rows(cfg)
     resume = rerun_command()
     lock(root, "study")
     try:
@@ -186,6 +209,65 @@ def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fracti
     return planned
 
 
+class _Prepared:
+    """A study's work as it stands, every part of it checked before any of it runs: the pretraining
+    runs (those done, those to run or resume), the evaluation suites' configs, the tasks and seeds."""
+
+    def __init__(self, cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float]):
+        self.cfg, self.root, self.fractions = cfg, root, fractions
+        self.planned = _pretraining_runs(cfg, root, objectives, fractions)
+        self.runs = [run_dir for run_dir, *_ in self.planned]
+        self.glue_overrides = [
+            *cfg.glue.overrides,
+            *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
+        ]
+        self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.glue.seeds]
+        probe = self.suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
+        for block, path in (cfg.get("data_dirs") or {}).items():
+            if path is not None and str((probe.get(block) or {}).get("source")) == "synthetic":
+                raise ConfigError(
+                    f"data_dirs.{block}={path}, but this study reads {block} from its synthetic set ({block}.source="
+                    f"synthetic in glue.overrides of --config-name {cfg.study}): the folder would be ignored. Drop "
+                    f"data_dirs.{block}, or add {block}.source=local to glue.overrides to read it."
+                )
+        check_evaluation_inputs(probe, self.tasks)
+        # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
+        for encoder, init in self.encoders():
+            gcfg = self.suite_cfg(encoder, init)
+            plan_suite(gcfg, self.tasks, self.seeds, None, plain(gcfg.task_overrides))
+        self.pending = []
+        for run_dir, train_cfg, choices, done in self.planned:
+            name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
+            if done:
+                log.info("pretraining %s: done already (%s)", name, run_dir)
+                continue
+            if train_cfg.ckpt_path:
+                log.info("pretraining %s: resuming from %s", name, train_cfg.ckpt_path)
+            self.pending.append((run_dir, train_cfg, choices))
+        for run_dir, train_cfg, _ in self.pending:  # every run's settings are checked before the first one starts
+            try:
+                pretraining.validate(train_cfg)
+            except ValueError as e:
+                raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
+        self.jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in self.pending])
+
+    def suite_cfg(self, encoder: Path, init: str) -> DictConfig:
+        gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *self.glue_overrides])
+        _set_group(gcfg, self.cfg.study)
+        return gcfg
+
+    def encoders(self) -> list[tuple[Path, str]]:
+        """Every encoder to fine-tune that exists now: final encoders, scratch, snapshots."""
+        found = [(r, "pretrained") for r in self.runs if (r / "encoder" / "config.json").is_file()]
+        if self.cfg.scratch and found and found[0][0] == self.runs[0]:
+            found.append((self.runs[0], "scratch"))
+        for run_dir in self.runs:
+            for fraction in self.fractions:
+                if (snapshot_dir(run_dir, fraction) / "config.json").is_file():
+                    found.append((snapshot_dir(run_dir, fraction), "pretrained"))
+        return found
+
+
 def _run_study(
     cfg: DictConfig,
     root: Path,
@@ -194,59 +276,9 @@ def _run_study(
     resume: str,
     timeline: Callable[[str], None],
 ) -> dict:
-    planned = _pretraining_runs(cfg, root, objectives, fractions)
-    runs = [run_dir for run_dir, *_ in planned]
-    glue_overrides = [
-        *cfg.glue.overrides,
-        *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
-    ]
-    tasks, seeds = study_tasks(cfg), [int(s) for s in cfg.glue.seeds]
-
-    def suite_cfg(encoder: Path, init: str) -> DictConfig:
-        gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *glue_overrides])
-        _set_group(gcfg, cfg.study)
-        return gcfg
-
-    def encoders() -> list[tuple[Path, str]]:
-        """Every encoder to fine-tune that exists now: final encoders, scratch, snapshots."""
-        found = [(r, "pretrained") for r in runs if (r / "encoder" / "config.json").is_file()]
-        if cfg.scratch and found and found[0][0] == runs[0]:
-            found.append((runs[0], "scratch"))
-        for run_dir in runs:
-            for fraction in fractions:
-                if (snapshot_dir(run_dir, fraction) / "config.json").is_file():
-                    found.append((snapshot_dir(run_dir, fraction), "pretrained"))
-        return found
-
-    probe = suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
-    for block, path in (cfg.get("data_dirs") or {}).items():
-        if path is not None and str((probe.get(block) or {}).get("source")) == "synthetic":
-            raise ConfigError(
-                f"data_dirs.{block}={path}, but this study reads {block} from its synthetic set ({block}.source="
-                f"synthetic in glue.overrides of --config-name {cfg.study}): the folder would be ignored. Drop "
-                f"data_dirs.{block}, or add {block}.source=local to glue.overrides to read it."
-            )
-    check_evaluation_inputs(probe, tasks)
-    # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
-    for encoder, init in encoders():
-        gcfg = suite_cfg(encoder, init)
-        plan_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides))
-
-    pending = []
-    for run_dir, train_cfg, choices, done in planned:
-        name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
-        if done:
-            log.info("pretraining %s: done already (%s)", name, run_dir)
-            continue
-        if train_cfg.ckpt_path:
-            log.info("pretraining %s: resuming from %s", name, train_cfg.ckpt_path)
-        pending.append((run_dir, train_cfg, choices))
-    for run_dir, train_cfg, _ in pending:  # every run's settings are checked before the first one starts
-        try:
-            pretraining.validate(train_cfg)
-        except ValueError as e:
-            raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
-    jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in pending])
+    prepared = _Prepared(cfg, root, objectives, fractions)
+    runs, pending, jobs, tasks, seeds = prepared.runs, prepared.pending, prepared.jobs, prepared.tasks, prepared.seeds
+    suite_cfg, encoders = prepared.suite_cfg, prepared.encoders
     timeline("pretraining")
     if jobs > 1 and len(pending) > 1:
         intrinsic = bool(cfg.get("intrinsic", True))

@@ -34,6 +34,8 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab.config import ConfigError
+
 log = logging.getLogger("pretrainlab")
 
 
@@ -49,10 +51,10 @@ def check_jobs(jobs: int, configs: list[DictConfig]) -> int:
     """``jobs``, checked: a positive integer, and 1 for runs that train on several devices (each such
     run is already parallel, and several of them would compete for the same devices)."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: give the number of runs to train at once, 1 or more.")
+        raise ConfigError(f"jobs={jobs!r}: give the number of runs to train at once, 1 or more.")
     several = [c for c in configs if str(c.trainer.get("devices", 1)) not in ("1", "auto")]
     if jobs > 1 and several:
-        raise ValueError(
+        raise ConfigError(
             f"jobs={jobs} with trainer.devices={several[0].trainer.devices}: a run on several devices is "
             f"parallel already; set jobs=1 (conf/ablate.yaml or the command line)."
         )
