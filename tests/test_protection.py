@@ -449,3 +449,17 @@ def test_an_export_without_its_weights_is_named_as_incomplete(tmp_path):
         FileNotFoundError, match=r"holds the encoder's config.json but not its weights \(encoder.safetensors\)"
     ):
         encoder_identity(str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("record", ["{not json", '{"pretraining": {}}', '{"encoder": {"vocab_size": "many"}}', "[]"])
+def test_a_damaged_export_record_is_named_with_its_file(tmp_path, record):
+    """An encoder/config.json that is not an export record (not JSON, no encoder block, a wrong field)
+    once ended in a bare KeyError or TypeError from deep inside the evaluation."""
+    from pretrainlab.export.native import CONFIG, ExportError
+    from pretrainlab.finetuning import encoder_identity
+
+    export = tmp_path / "run" / "encoder"
+    export.mkdir(parents=True)
+    (export / CONFIG).write_text(record)
+    with pytest.raises(ExportError, match=r"encoder/config.json: not an encoder's export record"):
+        encoder_identity(str(tmp_path / "run"))

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from pretrainlab.config import ConfigError
 from pretrainlab.data.hashing import file_digest, fingerprint
-from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, load_encoder, resolve_export_dir
+from pretrainlab.export.native import CONFIG, TOKENIZER, WEIGHTS, ExportError, load_encoder, resolve_export_dir
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
@@ -91,8 +91,14 @@ def encoder_identity(pretrained: str, init: str = "pretrained") -> dict:
         model, seed, pre = model_name(d), None, {}  # type: str, int | None, dict
     else:
         d = resolve_export_dir(pretrained)
-        meta = json.loads((d / CONFIG).read_text())
-        cfg = EncoderConfig.from_dict(meta["encoder"])
+        try:
+            meta = json.loads((d / CONFIG).read_text())
+            cfg = EncoderConfig.from_dict(meta["encoder"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ExportError(
+                f"{d / CONFIG}: not an encoder's export record ({type(e).__name__}: {e}); it was damaged or "
+                f"written by something else. Copy the export again from the run that made it, or pretrain again."
+            ) from None
         pre = meta.get("pretraining") or {}
         weights, tokenizer = d / WEIGHTS, d / TOKENIZER
         if not weights.is_file():
