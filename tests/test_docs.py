@@ -110,7 +110,11 @@ def test_publish_copies_a_report_with_its_provenance_and_keeps_one_already_there
     (study / "comparison.md").write_text("| a |\n")
     with pytest.raises(docs.DocsError, match="has no provenance.json"):
         docs.publish(study, "s", root=tmp_path)
-    (study / "provenance.json").write_text("{}")
+    (study / "provenance.json").write_text('{"command": "python experiments/ablate.py", "date": "2026-11-27"}')
+    with pytest.raises(docs.DocsError, match="provenance.json does not say device"):  # a source line cites it
+        docs.publish(study, "s", root=tmp_path)
+    assert not (tmp_path / "docs").exists()
+    (study / "provenance.json").write_text('{"command": "python experiments/ablate.py", "date": "d", "device": "cpu"}')
     (study / "weights.bin").write_bytes(b"x")
     dest = docs.publish(study, "s", root=tmp_path)
     assert sorted(p.name for p in dest.iterdir()) == ["comparison.md", "provenance.json"]
@@ -156,6 +160,8 @@ def test_the_docs_tool_works_on_the_checkout_it_runs_in_and_refuses_outside_one(
     assert docs.main(["build"]) == 2
     assert "is not inside a pretrainlab checkout" in capsys.readouterr().err
     assert docs.main(["--root", str(other), "build"]) == 0 and "| albert |" in readme.read_text(encoding="utf-8")
+    readme.write_text(readme.read_text(encoding="utf-8").replace("| albert |", "| ALBERT |", 1), encoding="utf-8")
+    assert docs.main(["build", "--root", str(other)]) == 0 and "| albert |" in readme.read_text(encoding="utf-8")
 
 
 def test_a_report_whose_files_disagree_is_neither_published_nor_built(tmp_path):

@@ -53,6 +53,7 @@ VALUE = re.compile(
     r"(<!-- value: (?P<name>[\w.-]+) (?P<file>[\w.-]+\.json) (?P<key>[\w.-]+) (?P<fmt>[\w.,%+-]+) -->)"
     r"(?P<body>[^<]*)(?P<end><!-- /value -->)"
 )
+PROVENANCE = ("command", "date", "device")  # what a report's source line cites (and its commit, when it had one)
 ANY_MARK = re.compile(r"<!-- (report|value): [^>]*-->")
 
 
@@ -344,6 +345,16 @@ def verify(report: Path) -> None:
             json.loads(f.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise DocsError(f"{f} is not JSON ({e}): publish the report as the command wrote it") from None
+    provenance = report / "provenance.json"
+    if provenance.is_file():
+        record = json.loads(provenance.read_text(encoding="utf-8"))
+        missing = [k for k in PROVENANCE if not (isinstance(record, dict) and record.get(k))]
+        if missing:
+            raise DocsError(
+                f"{provenance} does not say {' or '.join(missing)} (it needs {', '.join(PROVENANCE)}): the docs "
+                "cite every number with the command, date and device that made it. Publish the report as the "
+                "command wrote it"
+            )
     comparison, table_csv = report / "comparison.json", report / "comparison.csv"
     if comparison.is_file() and table_csv.is_file():
         from pretrainlab.compare.tables import to_csv
@@ -368,17 +379,17 @@ def verify(report: Path) -> None:
 def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -> Path:
     """Copies a report folder (a study's ``report/``) to ``docs/results/<name>/``, once its files are
     checked against each other (:func:`verify`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or ".." in name:
+        raise DocsError(
+            f"--name {name!r}: a report's name is one folder name under {RESULTS}: letters, digits, '-', '_' "
+            f"or '.', starting with a letter or digit (e.g. quick-study)"
+        )
     if not (report / "provenance.json").is_file():
         raise DocsError(
             f"{report} has no provenance.json (the command, commit, date and device that made it): "
             "give a study's report/ folder (or a tool's --out folder) written by this version of pretrainlab"
         )
     verify(report)
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or ".." in name:
-        raise DocsError(
-            f"--name {name!r}: a report's name is one folder name under {RESULTS}: letters, digits, '-', '_' "
-            f"or '.', starting with a letter or digit (e.g. quick-study)"
-        )
     dest = root / RESULTS / name
     if dest.exists() and not replace:
         raise DocsError(f"{dest} exists: pass --replace to put this report in its place (git keeps the old one)")
@@ -416,16 +427,21 @@ def checkout(start: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrainlab.tools.docs", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--root", type=Path, help="the checkout to work on (default: the one the working directory is in)"
+    where = argparse.ArgumentParser(add_help=False)  # --root before or after the command
+    where.add_argument(
+        "--root",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="the checkout to work on (default: the one the working directory is in)",
     )
+    parser.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("publish", help="copy a study's report folder to docs/results/<name>/")
+    p = sub.add_parser("publish", parents=[where], help="copy a study's report folder to docs/results/<name>/")
     p.add_argument("report", type=Path)
     p.add_argument("--name", required=True)
     p.add_argument("--replace", action="store_true", help="replace a report of that name")
-    sub.add_parser("build", help="regenerate every marked block in README.md and docs/")
-    sub.add_parser("check", help="exit 1 when a marked block differs from its report")
+    sub.add_parser("build", parents=[where], help="regenerate every marked block in README.md and docs/")
+    sub.add_parser("check", parents=[where], help="exit 1 when a marked block differs from its report")
     args = parser.parse_args(argv)
     try:
         root = checkout(args.root if args.root is not None else Path.cwd())
