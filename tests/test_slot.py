@@ -300,8 +300,11 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     slots = (merged / "report" / "slots.md").read_text()
     assert "slot-s0.tar.gz | 0 |" in slots and "slot-s1.tar.gz | 1 |" in slots
 
-    with pytest.raises(MergeError, match="each slot must pretrain another seed"):
+    with pytest.raises(MergeError, match="slot-s0.tar.gz is given twice: name each slot's archive once"):
         merge([a, a], tmp_path / "twice")
+    copy = shutil.copy(a, tmp_path / "copy-of-s0.tar.gz")
+    with pytest.raises(MergeError, match="each slot must pretrain another seed"):
+        merge([a, copy], tmp_path / "twice")
     assert not (tmp_path / "twice").exists()  # refused before writing: the corrected merge is not "not empty"
     other = _retar(b, tmp_path / "other-lr.tar.gz", lambda r: r["settings"].update(lr=5e-4))
     with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.002 against 0.0005"):

@@ -144,6 +144,9 @@ def merge(archives: list[str | Path], out: str | Path) -> dict:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise MergeError(f"no such archive: {', '.join(missing)}")
+    twice = [str(q) for k, q in enumerate(paths) if any(q.samefile(r) for r in paths[:k])]
+    if twice:
+        raise MergeError(f"{twice[0]} is given twice: name each slot's archive once.")
     with tempfile.TemporaryDirectory(prefix="pretrainlab-merge-") as tmp:
         opened = [_open(p, Path(tmp) / f"{i}") for i, p in enumerate(paths)]
         for path, (_, record) in zip(paths, opened):
