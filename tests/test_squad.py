@@ -148,6 +148,8 @@ def _qa(qid, text, start):
             "question id 'q4' appears twice",
         ),
         ([{"context": "Paris is big.", "qas": [{"id": "q5", "question": "?", "answers": []}]}], "q5 has no answer"),
+        # an empty question was scored as one the model could answer
+        ([{"context": "Paris is big.", "qas": [{**_qa("q6", "Paris", 0), "question": "  "}]}], "question q6 is empty"),
     ],
 )
 def test_questions_that_are_not_real_questions_are_refused_naming_the_file_and_the_question(tmp_path, paragraphs, says):

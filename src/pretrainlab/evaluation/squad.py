@@ -136,7 +136,7 @@ def parse(data: dict, where: str) -> list[Example]:
 def checked(examples: list[Example], where: str) -> list[Example]:
     """``examples``, each a real question with real answers, or the source refused naming the question: a
     question id twice (predictions.json keeps one answer per id), no answer (SQuAD v1.1 has one or
-    more), an empty answer or context (every empty prediction would match it), or an answer that is not
+    more), an empty question, an empty answer or context (every empty prediction would match it), or an answer that is not
     at its ``answer_start`` in the context (a negative one included, which Python's slicing would wrap)."""
     seen: set[str] = set()
     for e in examples:
@@ -150,6 +150,11 @@ def checked(examples: list[Example], where: str) -> list[Example]:
             raise SquadDataError(f"{where}: question {e.id} has no answer (SQuAD v1.1 has one or more).")
         if not e.context.strip():
             raise SquadDataError(f"{where}: question {e.id} has an empty context: there is nothing to extract from.")
+        if not e.question.strip():
+            raise SquadDataError(
+                f"{where}: question {e.id} is empty: the model would be scored on finding an answer to nothing. "
+                f"Give its question, or remove it."
+            )
         for text, start in e.answers:
             if not text.strip():
                 raise SquadDataError(
