@@ -20,6 +20,10 @@ def test_every_generated_block_in_the_docs_matches_its_report():
     blocks = [m for f in docs.docs_files(ROOT) for m in docs.BLOCK.finditer(f.read_text(encoding="utf-8"))]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "<!-- report: quick-study comparison -->" in readme and len(blocks) >= 3
+    # the reports' index is built and checked like any page (its blocks were once left empty or filled by hand)
+    files = docs.docs_files(ROOT)
+    assert ROOT / "docs" / "results" / "index.md" in files
+    assert not [f for f in files if f.parent.parent == ROOT / "docs" / "results"]  # a report's own pages are not
     assert all(m["body"].strip() for m in blocks), "a block is empty: run make docs"
     assert docs.check(ROOT) == []
 
