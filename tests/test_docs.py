@@ -238,3 +238,18 @@ def test_a_tool_reports_table_and_its_conclusion_are_generated_and_checked(tmp_p
     assert "| ours | 7.71 |" in text and docs.check(tmp_path) == []
     doc.write_text(text.replace("+1.04", "+0.04"))
     assert docs.check(tmp_path) == ["README.md: <!-- report: t about --> differs from its report"]
+
+
+def test_every_entry_point_says_what_it_does_in_whole_sentences():
+    """A command's docstring is its --help and its first line in the docs: its first paragraph ends a
+    sentence (three entry points' stopped at "and" or a comma, the rest of the sentence lost)."""
+    import ast
+
+    scripts = sorted((ROOT / "experiments").glob("*.py")) + [ROOT / "train.py", ROOT / "finetune.py"]
+    unfinished = []
+    for script in scripts:
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8")))
+        first = (doc or "").split("\n\n")[0].strip()
+        if not first or first[-1] not in ".:)":
+            unfinished.append(f"{script.name}: {first[-60:]!r}")
+    assert not unfinished, unfinished
