@@ -6,6 +6,7 @@ curve; then resumed."""
 import json
 
 import pytest
+import yaml
 
 from tests.conftest import SMALL, compose_config
 
@@ -229,3 +230,81 @@ def test_a_study_reports_every_evaluation_with_intervals_and_tests(tmp_path):
     run = tmp_path / "evals" / "pretrain" / "roberta-s0"
     assert (run / "eval" / "blimp" / "seed0.json").is_file() and (run / "eval-scratch" / "ner" / "seed1.json").is_file()
     assert (run / "glue" / "sst2" / "seed1.json").is_file()
+
+
+def _arms_study(tmp_path, *extra):
+    pretrain = [*SMALL, "data.num_documents=200", "max_steps=40", "checkpoint_every=1000", "val_every=1000"]
+    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.1", "task_overrides.epochs=1", "task_overrides.max_seq_len=64",
+            "logger=csv", "trainer.enable_progress_bar=false"]  # fmt: skip
+    quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    return compose_config(
+        "ablate",
+        "study=arms",
+        f"output_root={tmp_path}",
+        f"pretrain={quoted(pretrain)}",
+        "glue.tasks=[rte]",
+        "glue.seeds=[0,1]",
+        f"glue.overrides={quoted(glue)}",
+        "intrinsic=false",
+        *extra,
+    )
+
+
+@pytest.mark.slow
+def test_a_study_of_arms_pretrains_reports_and_tests_each_arm_by_its_name(tmp_path):
+    """Two arms of one objective (RoBERTa's MLM at 15% and at 40% masking): a run directory, a row and a
+    paired test per arm, named by the arm (both encoders record the objective roberta), and what the
+    arm changed beside the baseline arm opening comparison.md. The objective's own overrides apply to
+    every arm of it, before the arm's."""
+    from pretrainlab.studies.ablation import run_study
+
+    cfg = _arms_study(
+        tmp_path,
+        'arms={mlm: ["objective=roberta"], mlm-m40: ["objective=roberta", "objective.mask_rate=0.4"]}',
+        '+objective_overrides.roberta=["objective.mask_token_prob=0.9"]',
+        "baseline=mlm",
+    )
+    table = run_study(cfg)
+    root = tmp_path / "arms"
+    assert sorted(p.name for p in (root / "pretrain").iterdir()) == ["mlm-m40-s0", "mlm-s0"]
+    made = {a: yaml.safe_load((root / "pretrain" / f"{a}-s0" / "config.yaml").read_text()) for a in ("mlm", "mlm-m40")}
+    assert made["mlm"]["objective"]["mask_rate"] == 0.15 and made["mlm-m40"]["objective"]["mask_rate"] == 0.4
+    assert made["mlm"]["objective"]["mask_token_prob"] == made["mlm-m40"]["objective"]["mask_token_prob"] == 0.9
+    assert table["labels"] == ["mlm", "mlm-m40", "scratch"]
+    assert list(table["differences"]) == ["mlm-m40", "scratch"] and table["differences"]["mlm-m40"]["rte"]["pairs"] == 2
+    md = (root / "report" / "comparison.md").read_text()
+    assert "Arms: what each changes beside mlm" in md and "- **mlm-m40**: objective.mask_rate: 0.15 -> 0.4" in md
+    assert "Difference against mlm" in md
+
+
+@pytest.mark.parametrize(
+    "arms, says",
+    [
+        (
+            '{a: ["objective=roberta"], b: ["objective=roberta", "seed=0"]}',
+            "arms a and b compose the same pretraining run",
+        ),
+        ('{../x: ["objective=roberta"]}', "'../x' cannot name an arm"),
+        ('{scratch: ["objective=roberta"]}', "'scratch' cannot name an arm"),
+        ('{a: ["objective.mask_rate=0.4"]}', "arms.a: name the arm's objective once"),
+        ('{a: ["objective=robrta"]}', "arms.a: objective=robrta is not one of conf/objective/"),
+        ('{a: "objective=roberta"}', "arms.a: a list of train.py overrides"),
+    ],
+)
+def test_arms_that_cannot_make_a_comparison_are_refused_before_any_work(tmp_path, arms, says):
+    from pretrainlab.config import ConfigError
+    from pretrainlab.studies.ablation import check_study
+
+    with pytest.raises(ConfigError) as refused:
+        check_study(_arms_study(tmp_path, f"arms={arms}"))
+    assert says in str(refused.value)
+    assert not (tmp_path / "arms").exists()
+
+
+def test_a_baseline_that_is_not_an_arm_is_refused(tmp_path):
+    from pretrainlab.config import ConfigError
+    from pretrainlab.studies.ablation import check_study
+
+    cfg = _arms_study(tmp_path, 'arms={mlm: ["objective=roberta"]}', "baseline=roberta")
+    with pytest.raises(ConfigError, match="baseline='roberta' is not a row of this study: name one of mlm, scratch"):
+        check_study(cfg)

@@ -51,8 +51,9 @@ def collect(
     sources: list[str], labels: dict[str, str] | None = None, keep: Callable[[dict], bool] | None = None
 ) -> list[dict]:
     """Results from directories (searched recursively for results JSON files) and W&B projects.
-    ``labels`` (source -> name) relabels the results found under a source; ``keep`` chooses the
-    results to compare (a study's tasks and seeds), before they are checked against each other.
+    ``labels`` (source -> name) relabels the pretrained encoders' results found under a source (not
+    the scratch baseline's); ``keep`` chooses the results to compare (a study's tasks and seeds),
+    before they are checked against each other.
 
     Every results file is read whole and must hold finite metrics; a result whose encoder is still
     where it was recorded must be of that encoder (not of one pretrained there before); results of
@@ -82,7 +83,7 @@ def collect(
                     check_current_encoder(d, f, identities)
                     found.append(d)
         for d in found:
-            if key in labels:
+            if key in labels and d.get("label") != "scratch":  # the scratch baseline keeps its own row
                 d["label_override"] = labels[key]
         results += [d for d in found if keep is None or keep(d)]  # (W&B results are chosen here)
     unique: dict[tuple, dict] = {}

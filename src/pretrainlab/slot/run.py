@@ -154,10 +154,9 @@ def _budget_of(archive: Path) -> float:
 
 def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline) -> dict:
     """Time every pretraining job of the study (``calibrate``) and plan the budget (``plan``)."""
-    from pretrainlab.runtime.hydra import options
     from pretrainlab.slot.calibrate import Windows, plan_rates, read_rates, throughput
     from pretrainlab.slot.plan import largest_budget
-    from pretrainlab.studies.ablation import pretraining_config
+    from pretrainlab.studies.ablation import pretraining_config, study_arms
     from pretrainlab.studies.parallel import call_work, run_parallel
 
     timeline.mark("calibration")
@@ -166,7 +165,7 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     exchange.mkdir(parents=True)
     probe = cfg.copy()
     probe.budget_flops = 1.0  # replaced by a step count in each job: the budget is what calibration is for
-    objectives = list(dict.fromkeys(options("objective") if cfg.objectives == "all" else cfg.objectives))
+    objectives = list(study_arms(cfg))  # each arm's run is timed (an arm per objective, unless arms are given)
     seed = int(cfg.seeds[0])
     work, names = [], {}
     for objective in objectives:

@@ -36,10 +36,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.compare import collect, is_final, to_markdown, write_report
@@ -51,7 +53,7 @@ from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.hydra import compose, options
-from pretrainlab.runtime.provenance import report_provenance
+from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences, report_provenance
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
@@ -115,27 +117,78 @@ def _set_group(cfg: DictConfig, group: str) -> None:
         cfg.logger.group = group
 
 
-def _rows(cfg: DictConfig) -> tuple[Path, list[str], list[float]]:
-    """The study's directory, objectives and snapshot fractions, checked: every objective one of
+ARM_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+
+def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
+    """The study's rows: each arm's name and the pretraining overrides that make it, its
+    ``objective=<name>`` first. ``arms`` lists them (``{bert-nsp0: [objective=bert,
+    objective.pair_weight=0]}``); without it, ``objectives`` is the shorthand for one arm per objective,
+    named after it. Refused, naming the cause: an objective that is not one of ``conf/objective/``, an
+    arm whose name is not one safe folder name (or is ``scratch``), whose overrides are not a list of
+    ``key=value`` strings or that does not name its objective exactly once."""
+    known = options("objective")
+    arms = cfg.get("arms")
+    if not arms:
+        objectives = list(dict.fromkeys(known if cfg.objectives == "all" else cfg.objectives))
+        unknown = [str(o) for o in objectives if o not in known]
+        if unknown:
+            raise ConfigError(
+                f"objectives: {', '.join(unknown)} {'is not an objective' if len(unknown) == 1 else 'are not objectives'}"
+                f" of conf/objective/ ({', '.join(known)}); or objectives=all (conf/ablate.yaml or the command line)."
+            )
+        return {o: [f"objective={o}"] for o in objectives}
+    if not isinstance(arms, DictConfig | dict):
+        raise ConfigError(
+            "arms: a mapping of each arm's name to its pretraining overrides, e.g. "
+            "{bert: [objective=bert], bert-nsp0: [objective=bert, objective.pair_weight=0]}."
+        )
+    out: dict[str, list[str]] = {}
+    for name, overrides in arms.items():
+        name = str(name)
+        if not ARM_NAME.fullmatch(name) or ".." in name or name == "scratch":
+            raise ConfigError(
+                f"arms: {name!r} cannot name an arm: its runs are folders <arm>-s<seed>, so a name is letters, "
+                f"digits, '-', '_' or '.', starting with a letter or digit (and not 'scratch', the baseline's row)."
+            )
+        items = list(overrides) if isinstance(overrides, list | tuple) or OmegaConf.is_list(overrides) else None
+        if items is None or not all(isinstance(o, str) and "=" in o for o in items):
+            raise ConfigError(
+                f"arms.{name}: a list of train.py overrides (key=value), e.g. [objective=bert], got {overrides!r}."
+            )
+        objective = [o.split("=", 1)[1] for o in items if o.split("=", 1)[0] == "objective"]
+        if len(objective) != 1:
+            raise ConfigError(
+                f"arms.{name}: name the arm's objective once (objective=<one of {', '.join(known)}>); "
+                f"it names {len(objective)}."
+            )
+        if objective[0] not in known:
+            raise ConfigError(
+                f"arms.{name}: objective={objective[0]} is not one of conf/objective/ ({', '.join(known)})."
+            )
+        out[name] = [f"objective={objective[0]}", *(o for o in items if o.split("=", 1)[0] != "objective")]
+    return out
+
+
+def arm_objective(overrides: list[str]) -> str:
+    """The objective an arm's overrides (``study_arms``) pretrain."""
+    return overrides[0].split("=", 1)[1]
+
+
+def _rows(cfg: DictConfig) -> tuple[Path, dict[str, list[str]], list[float]]:
+    """The study's directory, arms and snapshot fractions, checked: every arm's objective one of
     ``conf/objective/``, the baseline one of the rows, every evaluation known."""
     root = Path(cfg.output_root).expanduser() / cfg.study
-    known = options("objective")
-    objectives = list(dict.fromkeys(known if cfg.objectives == "all" else cfg.objectives))
-    unknown = [o for o in objectives if o not in known]
-    if unknown:
-        raise ConfigError(
-            f"objectives: {', '.join(map(str, unknown))} {'is not an objective' if len(unknown) == 1 else 'are not objectives'}"
-            f" of conf/objective/ ({', '.join(known)}); or objectives=all (conf/ablate.yaml or the command line)."
-        )
+    arms = study_arms(cfg)
     fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
     baseline = cfg.get("baseline")
-    if baseline is not None and baseline not in [*objectives, *(["scratch"] if cfg.scratch else [])]:
+    if baseline is not None and baseline not in [*arms, *(["scratch"] if cfg.scratch else [])]:
         raise ConfigError(
-            f"baseline={baseline!r} is not a row of this study: name one of {', '.join(objectives)}"
+            f"baseline={baseline!r} is not a row of this study: name one of {', '.join(arms)}"
             f"{', scratch' if cfg.scratch else ''} (conf/ablate.yaml or the command line)."
         )
     study_tasks(cfg)  # an unknown evaluation is refused before anything runs
-    return root, objectives, fractions
+    return root, arms, fractions
 
 
 def check_study(cfg: DictConfig) -> None:
@@ -143,8 +196,8 @@ def check_study(cfg: DictConfig) -> None:
     its rows, evaluations and their data, the runs and results already in its directory against its
     settings, each pretraining run's settings and ``jobs``. Writes nothing but the evaluations'
     generated data sets into their cache."""
-    root, objectives, fractions = _rows(cfg)
-    _Prepared(cfg, root, objectives, fractions)
+    root, arms, fractions = _rows(cfg)
+    _Prepared(cfg, root, arms, fractions)
 
 
 def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) -> dict:
@@ -153,26 +206,31 @@ def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) ->
     anything runs; a signal stops the study with its command to continue. ``timeline``: told the
     name of each phase as it starts (``pretraining``, ``evaluation``, ``report``) and ``end``."""
     os.environ.setdefault("WANDB_SILENT", "true")  # dozens of runs: W&B speaks only when something fails
-    root, objectives, fractions = _rows(cfg)
+    root, arms, fractions = _rows(cfg)
     resume = rerun_command()
     lock(root, "study")
     try:
         with exit_on_signal(f"the study {cfg.study}", resume):
-            return _run_study(cfg, root, objectives, fractions, resume, timeline or (lambda phase: None))
+            return _run_study(cfg, root, arms, fractions, resume, timeline or (lambda phase: None))
     finally:
         unlock(root)
 
 
 def pretraining_config(
-    cfg: DictConfig, objective: str, seed: int, fractions: list[float] | None = None
+    cfg: DictConfig, arm: str, seed: int, fractions: list[float] | None = None
 ) -> tuple[DictConfig, dict[str, str]]:
-    """The composed config (and group choices) of the study's pretraining run of ``objective`` and
-    ``seed``: ``pretrain``'s overrides, the objective's own (``objective_overrides``), snapshots."""
+    """The composed config (and group choices) of the study's pretraining run of ``arm`` and ``seed``:
+    the arm's objective, ``pretrain``'s overrides, its objective's own (``objective_overrides``: the
+    recipe every run of that objective shares), then the arm's other overrides (what the arm changes,
+    which win), snapshots."""
+    overrides = study_arms(cfg)[arm]
+    objective = arm_objective(overrides)
     overrides = [
         f"objective={objective}",
         f"seed={seed}",
         *cfg.pretrain,
         *(cfg.get("objective_overrides") or {}).get(objective, []),
+        *overrides[1:],
     ]
     if fractions:
         overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
@@ -182,14 +240,40 @@ def pretraining_config(
     return train_cfg, choices
 
 
-def _pretraining_runs(cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float]) -> list[tuple]:
+def arm_changes(cfg: DictConfig, arms: list[str], against: str) -> dict[str, list[tuple[str, Any, Any]]]:
+    """What each of ``arms`` changes beside the arm ``against``: (dotted key, its value there, the
+    arm's) of every setting of their composed pretraining configs that differs (the first seed's)."""
+    seed = int(cfg.seeds[0])
+    base = OmegaConf.to_container(pretraining_config(cfg, against, seed)[0], resolve=True)
+    return {
+        arm: differences(
+            base, OmegaConf.to_container(pretraining_config(cfg, arm, seed)[0], resolve=True), ignore=PRETRAINING_HOW
+        )
+        for arm in arms
+        if arm != against
+    }
+
+
+def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], fractions: list[float]) -> list[tuple]:
     """(run directory, composed config, choices, done) of every pretraining run of the study; a run
-    already there (finished or interrupted) is checked against the config composed now."""
+    already there (finished or interrupted) is checked against the config composed now. Two arms that
+    compose the same pretraining config are refused, naming both."""
     planned = []
-    for objective in objectives:
+    composed: dict[str, dict] = {}
+    for arm in arms:
         for seed in dict.fromkeys(int(s) for s in cfg.seeds):
-            run_dir = root / "pretrain" / f"{objective}-s{seed}"
-            train_cfg, choices = pretraining_config(cfg, objective, seed, fractions)
+            run_dir = root / "pretrain" / f"{arm}-s{seed}"
+            train_cfg, choices = pretraining_config(cfg, arm, seed, fractions)
+            if arm not in composed:
+                mine = OmegaConf.to_container(train_cfg, resolve=True)
+                same = [a for a, c in composed.items() if not differences(c, mine, ignore=PRETRAINING_HOW)]
+                if same:
+                    raise ConfigError(
+                        f"arms {same[0]} and {arm} compose the same pretraining run ({' '.join(arms[arm])}): the "
+                        f"comparison would test an arm against itself. Give {arm} the override it is meant to change "
+                        f"(arms in conf/ablate.yaml or the command line)."
+                    )
+                composed[arm] = mine
             check_same_run(run_dir, train_cfg)
             done = (run_dir / "encoder" / "config.json").is_file()
             orphans = (
@@ -213,9 +297,9 @@ class _Prepared:
     """A study's work as it stands, every part of it checked before any of it runs: the pretraining
     runs (those done, those to run or resume), the evaluation suites' configs, the tasks and seeds."""
 
-    def __init__(self, cfg: DictConfig, root: Path, objectives: list[str], fractions: list[float]):
+    def __init__(self, cfg: DictConfig, root: Path, arms: dict[str, list[str]], fractions: list[float]):
         self.cfg, self.root, self.fractions = cfg, root, fractions
-        self.planned = _pretraining_runs(cfg, root, objectives, fractions)
+        self.planned = _pretraining_runs(cfg, root, arms, fractions)
         self.runs = [run_dir for run_dir, *_ in self.planned]
         self.glue_overrides = [
             *cfg.glue.overrides,
@@ -271,12 +355,12 @@ class _Prepared:
 def _run_study(
     cfg: DictConfig,
     root: Path,
-    objectives: list[str],
+    arms: dict[str, list[str]],
     fractions: list[float],
     resume: str,
     timeline: Callable[[str], None],
 ) -> dict:
-    prepared = _Prepared(cfg, root, objectives, fractions)
+    prepared = _Prepared(cfg, root, arms, fractions)
     runs, pending, jobs, tasks, seeds = prepared.runs, prepared.pending, prepared.jobs, prepared.tasks, prepared.seeds
     suite_cfg, encoders = prepared.suite_cfg, prepared.encoders
     timeline("pretraining")
@@ -323,6 +407,25 @@ def _run_study(
     return table
 
 
+def arms_preface(cfg: DictConfig) -> str:
+    """comparison.md's opening for a study of arms: what each arm changes beside the baseline arm (the
+    settings of their pretraining runs that differ), or each arm's overrides when the baseline is not
+    an arm."""
+    arms = study_arms(cfg)
+    baseline = cfg.get("baseline")
+    if baseline in arms:
+        lines = [
+            f"Arms: what each changes beside {baseline} (its pretraining settings that differ, {baseline}'s then the arm's):"
+        ]
+        for arm, changed in arm_changes(cfg, list(arms), baseline).items():
+            shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed) or "nothing"
+            lines.append(f"- **{arm}**: {shown}")
+    else:
+        lines = ["Arms: each arm's pretraining overrides beside the study's own:"]
+        lines += [f"- **{arm}**: {' '.join(o)}" for arm, o in arms.items()]
+    return "\n".join(lines)
+
+
 def report_study(
     cfg: DictConfig,
     runs: list[Path],
@@ -349,11 +452,14 @@ def report_study(
             and (is_final(r) or (fraction is not None and any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
         )
 
+    explicit = bool(cfg.get("arms"))  # rows named by arm, not by the objective each encoder records
+    labels = {str(r): r.name.rsplit("-s", 1)[0] for r in runs} if explicit else None
+    preface = "\n\n".join(p for p in (learning_preface(learned), arms_preface(cfg) if explicit else "") if p)
     table = write_report(
-        collect([str(r) for r in runs], keep=asked),
+        collect([str(r) for r in runs], labels=labels, keep=asked),
         report,
         baseline=cfg.get("baseline"),
-        preface=learning_preface(learned),
+        preface=preface,
         learning=learned,
     )
     print(to_markdown(table))
