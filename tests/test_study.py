@@ -308,3 +308,18 @@ def test_a_baseline_that_is_not_an_arm_is_refused(tmp_path):
     cfg = _arms_study(tmp_path, 'arms={mlm: ["objective=roberta"]}', "baseline=roberta")
     with pytest.raises(ConfigError, match="baseline='roberta' is not a row of this study: name one of mlm, scratch"):
         check_study(cfg)
+
+
+def test_an_arms_runs_are_named_and_tagged_by_the_arm_in_wandb(tmp_path):
+    """Two arms of one objective logged to one W&B group: each run named and tagged by its arm (they
+    would otherwise both be <objective>-<model>-s<seed>); a study of objectives keeps the default names."""
+    from pretrainlab.studies.ablation import pretraining_config
+
+    arms = 'arms={m15: ["objective=roberta"], m30: ["objective=roberta", "objective.mask_rate=0.3"]}'
+    cfg = _arms_study(tmp_path, arms, 'pretrain=["logger=wandb"]')
+    m30, _ = pretraining_config(cfg, "m30", 1)
+    assert (m30.logger.name, list(m30.logger.tags), m30.logger.group) == ("m30-s1", ["m30"], "arms")
+    plain, _ = pretraining_config(
+        _arms_study(tmp_path, "objectives=[roberta]", 'pretrain=["logger=wandb"]'), "roberta", 1
+    )
+    assert plain.logger.name is None and list(plain.logger.tags) == []

@@ -236,6 +236,10 @@ def pretraining_config(
         overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
     train_cfg, choices = compose("train", overrides)
     _set_group(train_cfg, cfg.study)
+    logger = train_cfg.get("logger")
+    if arm != objective and logger and "name" in logger:  # W&B: the run by its arm, tagged with it
+        logger.name = f"{arm}-s{seed}"
+        logger.tags = [*(logger.get("tags") or []), arm]
     train_cfg.export = True
     return train_cfg, choices
 
