@@ -275,6 +275,10 @@ def test_a_study_of_arms_pretrains_reports_and_tests_each_arm_by_its_name(tmp_pa
     md = (root / "report" / "comparison.md").read_text()
     assert "Arms: what each changes beside mlm" in md and "- **mlm-m40**: objective.mask_rate: 0.15 -> 0.4" in md
     assert "Difference against mlm" in md
+    # the arm is recorded in each encoder's export: any comparison of these results (compare.py) rows them by arm
+    from pretrainlab.compare import collect, encoder_of
+
+    assert {encoder_of(r)["label"] for r in collect([str(root / "pretrain")])} == {"mlm", "mlm-m40", "scratch"}
 
 
 @pytest.mark.parametrize(

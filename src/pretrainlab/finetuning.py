@@ -53,7 +53,7 @@ class Pretrained:
     encoder: Encoder
     tokenizer: Tokenizer
     tokens: SpecialTokens
-    label: str  # the row name in comparisons: objective, "scratch", "hf:<name>"
+    label: str  # the row name in comparisons: the run's arm or objective, "scratch", "hf:<name>"
     source: dict  # provenance: path, objective, pretraining run, W&B id
 
 
@@ -150,7 +150,9 @@ def load_pretrained(pretrained: str, init: str = "pretrained", seed: int = 0) ->
             "wandb_id": wandb_id,
             "wandb_group": wandb_group,
         }
-        label = pre.get("objective") or path.name
+        label = (
+            (pre.get("config") or {}).get("arm") or pre.get("objective") or path.name
+        )  # a study's arm, else its objective
     if init == "scratch":
         torch.manual_seed(seed)
         encoder = Encoder(encoder.config)

@@ -50,6 +50,7 @@ ADDED_SETTINGS = {
     "objective.whole_word": False,
     "objective.mask_rate_start": None,
     "objective.causal_first": 0.0,
+    "arm": None,
 }
 
 

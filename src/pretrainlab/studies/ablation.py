@@ -231,13 +231,16 @@ def pretraining_config(
         *cfg.pretrain,
         *(cfg.get("objective_overrides") or {}).get(objective, []),
         *overrides[1:],
+        *(
+            [f"arm={arm}"] if arm != objective else []
+        ),  # the encoder's row: recorded in its export, read by every comparison
     ]
     if fractions:
         overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
     train_cfg, choices = compose("train", overrides)
     _set_group(train_cfg, cfg.study)
     logger = train_cfg.get("logger")
-    if arm != objective and logger and "name" in logger:  # W&B: the run by its arm, tagged with it
+    if arm != objective and logger and "name" in logger and "tags" in logger:  # W&B: the run by its arm, tagged
         logger.name = f"{arm}-s{seed}"
         logger.tags = [*(logger.get("tags") or []), arm]
     train_cfg.export = True
@@ -251,7 +254,9 @@ def arm_changes(cfg: DictConfig, arms: list[str], against: str) -> dict[str, lis
     base = OmegaConf.to_container(pretraining_config(cfg, against, seed)[0], resolve=True)
     return {
         arm: differences(
-            base, OmegaConf.to_container(pretraining_config(cfg, arm, seed)[0], resolve=True), ignore=PRETRAINING_HOW
+            base,
+            OmegaConf.to_container(pretraining_config(cfg, arm, seed)[0], resolve=True),
+            ignore=(*PRETRAINING_HOW, "arm"),
         )
         for arm in arms
         if arm != against
@@ -270,7 +275,7 @@ def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], f
             train_cfg, choices = pretraining_config(cfg, arm, seed, fractions)
             if arm not in composed:
                 mine = OmegaConf.to_container(train_cfg, resolve=True)
-                same = [a for a, c in composed.items() if not differences(c, mine, ignore=PRETRAINING_HOW)]
+                same = [a for a, c in composed.items() if not differences(c, mine, ignore=(*PRETRAINING_HOW, "arm"))]
                 if same:
                     raise ConfigError(
                         f"arms {same[0]} and {arm} compose the same pretraining run ({' '.join(arms[arm])}): the "
@@ -456,11 +461,10 @@ def report_study(
             and (is_final(r) or (fraction is not None and any(abs(float(fraction) - f) < 1e-9 for f in fractions)))
         )
 
-    explicit = bool(cfg.get("arms"))  # rows named by arm, not by the objective each encoder records
-    labels = {str(r): r.name.rsplit("-s", 1)[0] for r in runs} if explicit else None
+    explicit = bool(cfg.get("arms"))
     preface = "\n\n".join(p for p in (learning_preface(learned), arms_preface(cfg) if explicit else "") if p)
     table = write_report(
-        collect([str(r) for r in runs], labels=labels, keep=asked),
+        collect([str(r) for r in runs], keep=asked),
         report,
         baseline=cfg.get("baseline"),
         preface=preface,
