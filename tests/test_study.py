@@ -327,3 +327,26 @@ def test_an_arms_runs_are_named_and_tagged_by_the_arm_in_wandb(tmp_path):
         _arms_study(tmp_path, "objectives=[roberta]", 'pretrain=["logger=wandb"]'), "roberta", 1
     )
     assert plain.logger.name is None and list(plain.logger.tags) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["mask_rate", "generator_size", "masking_scheme", "sentence_loss"])
+def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
+    """conf/ablation/<preset>.yaml on top of a study (here the offline one, scaled down): its arms
+    pretrain, its report rows are the arms, each tested against the preset's baseline arm with what
+    it changes named."""
+    from omegaconf import OmegaConf
+
+    from pretrainlab.studies.ablation import run_study, study_arms
+
+    cfg = _arms_study(tmp_path, f"+ablation={preset}", "glue.seeds=[0]")
+    OmegaConf.set_struct(cfg, False)
+    cfg.pretrain = [o if not o.startswith("max_steps=") else "max_steps=20" for o in cfg.pretrain]
+    arms = list(study_arms(cfg))
+    assert len(arms) >= 3 and cfg.baseline in arms
+    table = run_study(cfg)
+    assert sorted(table["labels"]) == sorted([*arms, "scratch"])
+    assert sorted(table["differences"]) == sorted([a for a in arms if a != cfg.baseline] + ["scratch"])
+    md = (tmp_path / cfg.study / "report" / "comparison.md").read_text()
+    assert f"Arms: what each changes beside {cfg.baseline}" in md
+    assert "nothing" not in md.split("Arms:")[1].split("\n\n")[0]  # every arm changes something
