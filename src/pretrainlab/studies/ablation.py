@@ -268,7 +268,7 @@ def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], f
     already there (finished or interrupted) is checked against the config composed now. Two arms that
     compose the same pretraining config are refused, naming both."""
     planned = []
-    composed: dict[str, dict] = {}
+    composed: dict[str, Any] = {}
     for arm in arms:
         for seed in dict.fromkeys(int(s) for s in cfg.seeds):
             run_dir = root / "pretrain" / f"{arm}-s{seed}"
