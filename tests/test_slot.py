@@ -216,6 +216,10 @@ entry.install_missing(["run", "--wheels", {str(tmp_path / "no-wheels")!r}])
 
 
 # --- the command, end to end ------------------------------------------------------------------------------
+# the scaled-down slot's study as arms: RoBERTa's MLM, and BERT without its NSP loss
+ARMS = ['arms={roberta: ["objective=roberta"], bert-nsp0: ["objective=bert", "objective.pair_weight=0"]}']
+
+
 def _slot(inputs: Path, out: Path, seed: int, work: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
     """The scaled-down slot of pretraining seed ``seed``, as a user starts it."""
     command = ["run", "--inputs", str(inputs), "--out", str(out), "--seed", str(seed), "--work", work, *options, *SMALL]
@@ -247,56 +251,60 @@ def _retar(archive: Path, out: Path, edit) -> Path:
 
 @pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
-    """Scaled down (tiny encoders, generated data, a two-minute slot on a CPU): the first slot
-    calibrates and plans its budget, the second takes it from the first one's archive; each brings back
-    one archive without weights; merged, they make one report over two pretraining seeds."""
+    """Scaled down (tiny encoders, generated data, a two-minute slot on a CPU), a study of two arms: the
+    first slot calibrates and plans its budget by arm, the second takes it from the first one's archive;
+    each brings back one archive without weights; merged, they make one report over two pretraining
+    seeds, its rows the arms; slots of other arms are refused as other settings."""
     from pretrainlab.slot.archive import MergeError, merge
     from pretrainlab.slot.inputs import unpack
 
     _, inputs = packed
     out = tmp_path / "out"
-    first = _slot(inputs, out, 0, "s0", "--minutes", "2", cwd=tmp_path)
+    first = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     a = out / "slot-s0.tar.gz"
     record = _record(a)
     plan = record["plan"]
     assert plan["source"] == "calibrated" and plan["budget_flops"] > 0
-    assert set(plan["rates"]) == {"roberta", "bert"} and all(r["alone"] > 0 for r in plan["rates"].values())
+    assert set(plan["rates"]) == {"roberta", "bert-nsp0"} and all(r["alone"] > 0 for r in plan["rates"].values())
     assert plan["throughput"]["jobs"] == 2 and plan["throughput"]["speedup"] > 0
     assert {"setup", "unpack", "calibration", "plan", "pretraining", "evaluation", "report"} <= set(record["phases"])
-    for run in ("roberta-s0", "bert-s0"):  # trained to the budget it planned
+    for run in ("roberta-s0", "bert-nsp0-s0"):  # trained to the budget it planned
         assert record["runs"][run]["flops"] >= plan["budget_flops"]
     with tarfile.open(a) as tar:
         names = tar.getnames()
     assert not [n for n in names if n.endswith((".ckpt", ".safetensors")) or "/encoder/" in n]
-    assert "slot/pretrain/bert-s0/encoder.json" in names and "slot/pretrain/bert-s0/eval/blimp/seed0.json" in names
+    assert (
+        "slot/pretrain/bert-nsp0-s0/encoder.json" in names
+        and "slot/pretrain/bert-nsp0-s0/eval/blimp/seed0.json" in names
+    )
     assert "slot/report/slot.md" in names and "slot/slot.log" in names
     unpack(inputs, tmp_path / "s0")  # the slot wrote nothing into its inputs: they unpack (and check) as they were
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 
-    again = _slot(inputs, out, 0, "s0b", cwd=tmp_path)
+    again = _slot(inputs, out, 0, "s0b", *ARMS, cwd=tmp_path)
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
     # the finished slot's own command again: refused before anything is written, its record kept
     kept = {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in ("slot.json", "slot.md")}
-    same = _slot(inputs, out, 0, "s0", "--minutes", "2", cwd=tmp_path)
+    same = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
     assert same.returncode != 0 and "exists: give another --out" in same.stderr
     assert {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in kept} == kept
     assert not list(out.glob("*failed*")) and not (tmp_path / "s0b" / "slot" / "report").exists()
 
-    second = _slot(inputs, out, 1, "s1", "--plan-from", str(a), cwd=tmp_path)
+    second = _slot(inputs, out, 1, "s1", "--plan-from", str(a), *ARMS, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     b = out / "slot-s1.tar.gz"
     assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
 
     merged = tmp_path / "merged"
     table = merge([a, b], merged)
-    assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
+    assert sorted(table["labels"]) == ["bert-nsp0", "roberta", "scratch"]  # the arms
     comparison = json.loads((merged / "report" / "comparison.json").read_text())
     roberta = comparison["glue"]["roberta"]["summary"]
     assert roberta["encoders"] == 2 and not roberta["conditional"]  # an interval over two pretraining seeds
     learning = json.loads((merged / "report" / "learning.json").read_text())
-    assert sorted(learning) == ["bert-s0", "bert-s1", "roberta-s0", "roberta-s1"]
+    assert sorted(learning) == ["bert-nsp0-s0", "bert-nsp0-s1", "roberta-s0", "roberta-s1"]
     slots = (merged / "report" / "slots.md").read_text()
     assert "slot-s0.tar.gz | 0 |" in slots and "slot-s1.tar.gz | 1 |" in slots
 
@@ -309,6 +317,11 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     other = _retar(b, tmp_path / "other-lr.tar.gz", lambda r: r["settings"].update(lr=5e-4))
     with pytest.raises(MergeError, match="the study's settings differ .*lr: 0.002 against 0.0005"):
         merge([a, other], tmp_path / "mixed")
+    other_arms = _retar(
+        b, tmp_path / "other-arms.tar.gz", lambda r: r["settings"]["arms"].update({"bert-nsp0": ["objective=bert"]})
+    )
+    with pytest.raises(MergeError, match="the study's settings differ .*arms.bert-nsp0"):
+        merge([a, other_arms], tmp_path / "mixed-arms")
     other_code = _retar(b, tmp_path / "other-code.tar.gz", lambda r: r["code"].update(digest="0" * 16))
     with pytest.raises(MergeError, match="the code differs"):
         merge([a, other_code], tmp_path / "mixed-code")

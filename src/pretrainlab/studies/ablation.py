@@ -249,18 +249,19 @@ def pretraining_config(
 
 def arm_changes(cfg: DictConfig, arms: list[str], against: str) -> dict[str, list[tuple[str, Any, Any]]]:
     """What each of ``arms`` changes beside the arm ``against``: (dotted key, its value there, the
-    arm's) of every setting of their composed pretraining configs that differs (the first seed's)."""
-    seed = int(cfg.seeds[0])
-    base = OmegaConf.to_container(pretraining_config(cfg, against, seed)[0], resolve=True)
-    return {
-        arm: differences(
-            base,
-            OmegaConf.to_container(pretraining_config(cfg, arm, seed)[0], resolve=True),
-            ignore=(*PRETRAINING_HOW, "arm"),
-        )
-        for arm in arms
-        if arm != against
-    }
+    arm's) of every setting of their pretraining configs that differs. Composed from what differs
+    between arms (the objective, its ``objective_overrides``, the arm's own), without the study's
+    ``pretrain`` overrides every arm shares, so that a study merged from slots (whose record keeps no
+    paths) says it too."""
+
+    def composed(arm: str) -> Any:
+        overrides = study_arms(cfg)[arm]
+        objective = arm_objective(overrides)
+        mine = [overrides[0], *(cfg.get("objective_overrides") or {}).get(objective, []), *overrides[1:]]
+        return OmegaConf.to_container(compose("train", mine)[0], resolve=True)
+
+    base = composed(against)
+    return {arm: differences(base, composed(arm), ignore=PRETRAINING_HOW) for arm in arms if arm != against}
 
 
 def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], fractions: list[float]) -> list[tuple]:
