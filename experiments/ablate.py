@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="ablate")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.studies.ablation import run_study
+    from hydra.core.hydra_config import HydraConfig
 
+    from pretrainlab.studies.ablation import check_arm_names, run_study
+
+    check_arm_names(list(HydraConfig.get().overrides.task))
     run_study(cfg)
 
 

@@ -4,11 +4,12 @@ each encoder, snapshot and on scratch, the report with intervals, differences an
 curve; then resumed."""
 
 import json
+import sys
 
 import pytest
 import yaml
 
-from tests.conftest import SMALL, compose_config
+from tests.conftest import ROOT, SMALL, compose_config, run_command
 
 
 @pytest.mark.slow
@@ -303,6 +304,17 @@ def test_arms_that_cannot_make_a_comparison_are_refused_before_any_work(tmp_path
         check_study(_arms_study(tmp_path, f"arms={arms}"))
     assert says in str(refused.value)
     assert not (tmp_path / "arms").exists()
+
+
+def test_an_arm_named_twice_on_the_command_line_is_refused(tmp_path):
+    """Hydra's grammar keeps the last of two keys of one name without a word: the study's entry points
+    refuse it (a config file's YAML refuses it itself)."""
+    arms = 'arms={a: ["objective=roberta"], b: ["objective=bert"], a: ["objective=electra"]}'
+    done = run_command(
+        [sys.executable, str(ROOT / "experiments" / "ablate.py"), f"output_root={tmp_path}", arms], timeout=300
+    )
+    assert done.returncode != 0 and "arms: a named twice in" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "objectives" / "pretrain").exists()  # (Hydra's own logs/ folder is made before any check)
 
 
 def test_a_baseline_that_is_not_an_arm_is_refused(tmp_path):

@@ -110,7 +110,9 @@ def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> 
     """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, one pretraining seed,
     its directories under ``work``, its data from the unpacked ``inputs``."""
     from pretrainlab.runtime.hydra import compose
+    from pretrainlab.studies.ablation import check_arm_names
 
+    check_arm_names(overrides)
     located = [f"seeds=[{seed}]", f"output_root={work}", f"corpus={inputs / 'corpus'}"]
     # every other folder of the inputs holds one block of evaluation data (inputs.pack): glue, ner, blimp, ...
     blocks = sorted(d.name for d in inputs.iterdir() if d.is_dir() and d.name != "corpus") if inputs.is_dir() else []

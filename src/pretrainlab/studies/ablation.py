@@ -170,6 +170,34 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
     return out
 
 
+def check_arm_names(overrides: list[str]) -> None:
+    """Refuse an ``arms={...}`` command-line override that names one arm twice: Hydra's grammar keeps
+    the last of them without a word (a config file's YAML refuses a repeated key itself)."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") != "arms" or not value.strip().startswith("{"):
+            continue
+        names, depth, quote, start = [], 0, "", 0
+        for i, c in enumerate(value):
+            if quote:
+                quote = "" if c == quote else quote
+            elif c in "\"'":
+                quote = c
+            elif c in "{[":
+                depth += 1
+                start = i + 1 if depth == 1 else start
+            elif c in "}]":
+                depth -= 1
+            elif c == "," and depth == 1:
+                start = i + 1
+            elif c == ":" and depth == 1 and start >= 0:
+                names.append(value[start:i].strip().strip("\"'"))
+                start = -1
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"arms: {', '.join(twice)} named twice in {override!r}: give each arm one name.")
+
+
 def arm_objective(overrides: list[str]) -> str:
     """The objective an arm's overrides (``study_arms``) pretrain."""
     return overrides[0].split("=", 1)[1]
