@@ -391,6 +391,11 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
         (["baseline=electra"], "baseline='electra' is not a row of this study: name one of roberta, bert, scratch"),
         (["lr=-1"], "pretraining run roberta-s0 of the study: optim.lr=-1: must be positive"),
         (["glue.tasks=[colaa]"], "unknown evaluation task 'colaa'"),
+        (['arms={a: ["objective=roberta"], a: ["objective=bert"]}'], "arms: a named twice"),
+        (
+            ['arms={a: ["objective=roberta"], b: ["objective=roberta"]}'],
+            "arms a and b compose the same pretraining run",
+        ),
     ],
 )
 def test_a_slot_whose_study_would_be_refused_writes_no_record_and_no_archive(packed, tmp_path, overrides, says):
