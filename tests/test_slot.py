@@ -393,7 +393,7 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
         (["glue.tasks=[colaa]"], "unknown evaluation task 'colaa'"),
         (['arms={a: ["objective=roberta"], a: ["objective=bert"]}'], "arms: a named twice"),
         (
-            ['arms={a: ["objective=roberta"], b: ["objective=roberta"]}'],
+            ['arms={a: ["objective=roberta"], b: ["objective=roberta"]}', "baseline=a"],
             "arms a and b compose the same pretraining run",
         ),
     ],
