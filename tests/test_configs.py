@@ -41,6 +41,15 @@ def test_option_composes_and_instantiates(group, option, tmp_path):
         if task.fine_tuned or task.seeded:  # what trains (the encoder, or probes) has a recipe
             assert cfg.task.lr > 0 and cfg.task.batch_size > 0 and cfg.task.epochs > 0
         return
+    if group == "ablation":  # a published ablation's arms, on top of a study (conf/ablate*.yaml)
+        from pretrainlab.studies.ablation import arm_changes, study_arms
+
+        for study in ("ablate", "ablate_quick", "ablate_slot"):
+            cfg = compose_config(study, f"+ablation={option}")
+            arms = study_arms(cfg)
+            assert len(arms) >= 3 and cfg.baseline in arms and cfg.study == option.replace("_", "-")
+            assert all(changed for changed in arm_changes(cfg, list(arms), cfg.baseline).values())
+        return
     cfg = compose_train(f"{group}={option}", *REQUIRED.get((group, option), []))
     node = cfg[group]
     if group == "objective":
