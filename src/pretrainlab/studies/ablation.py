@@ -244,25 +244,24 @@ def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) ->
         unlock(root)
 
 
+def arm_overrides(cfg: DictConfig, arm: str) -> list[str]:
+    """What makes ``arm`` differ from the study's other arms: its ``objective=<name>``, that objective's
+    ``objective_overrides`` (the recipe every run of it shares), then the arm's own (which win)."""
+    own = study_arms(cfg)[arm]
+    return [own[0], *(cfg.get("objective_overrides") or {}).get(arm_objective(own), []), *own[1:]]
+
+
 def pretraining_config(
     cfg: DictConfig, arm: str, seed: int, fractions: list[float] | None = None
 ) -> tuple[DictConfig, dict[str, str]]:
     """The composed config (and group choices) of the study's pretraining run of ``arm`` and ``seed``:
-    the arm's objective, ``pretrain``'s overrides, its objective's own (``objective_overrides``: the
-    recipe every run of that objective shares), then the arm's other overrides (what the arm changes,
-    which win), snapshots."""
-    overrides = study_arms(cfg)[arm]
-    objective = arm_objective(overrides)
-    overrides = [
-        f"objective={objective}",
-        f"seed={seed}",
-        *cfg.pretrain,
-        *(cfg.get("objective_overrides") or {}).get(objective, []),
-        *overrides[1:],
-        *(
-            [f"arm={arm}"] if arm != objective else []
-        ),  # the encoder's row: recorded in its export, read by every comparison
-    ]
+    the arm's objective, the seed, ``pretrain``'s overrides, the rest of ``arm_overrides``, the arm's
+    name when it is not its objective's (recorded in the encoder's export: its row in every
+    comparison), snapshots."""
+    own = arm_overrides(cfg, arm)
+    objective = arm_objective(own)
+    named = [f"arm={arm}"] if arm != objective else []
+    overrides = [own[0], f"seed={seed}", *cfg.pretrain, *own[1:], *named]
     if fractions:
         overrides.append(f"snapshots=[{','.join(f'{f:g}' for f in fractions)}]")
     train_cfg, choices = compose("train", overrides)
@@ -283,10 +282,7 @@ def arm_changes(cfg: DictConfig, arms: list[str], against: str) -> dict[str, lis
     paths) says it too."""
 
     def composed(arm: str) -> Any:
-        overrides = study_arms(cfg)[arm]
-        objective = arm_objective(overrides)
-        mine = [overrides[0], *(cfg.get("objective_overrides") or {}).get(objective, []), *overrides[1:]]
-        return OmegaConf.to_container(compose("train", mine)[0], resolve=True)
+        return OmegaConf.to_container(compose("train", arm_overrides(cfg, arm))[0], resolve=True)
 
     base = composed(against)
     return {arm: differences(base, composed(arm), ignore=PRETRAINING_HOW) for arm in arms if arm != against}
