@@ -341,14 +341,14 @@ def verify(report: Path) -> None:
     a study's comparison.csv is what its comparison.json makes, a tool's report.md holds the table its
     report.json makes. A file edited by hand (a number in comparison.json that its CSV contradicts) is
     named, not published."""
+    parsed = {}
     for f in sorted(report.glob("*.json")):
         try:
-            json.loads(f.read_text(encoding="utf-8"))
+            parsed[f.name] = json.loads(f.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise DocsError(f"{f} is not JSON ({e}): publish the report as the command wrote it") from None
-    provenance = report / "provenance.json"
-    if provenance.is_file():
-        record = json.loads(provenance.read_text(encoding="utf-8"))
+    if "provenance.json" in parsed:
+        record, provenance = parsed["provenance.json"], report / "provenance.json"
         missing = [k for k in PROVENANCE if not (isinstance(record, dict) and record.get(k))]
         if missing:
             raise DocsError(
@@ -357,11 +357,11 @@ def verify(report: Path) -> None:
                 "command wrote it"
             )
     comparison, table_csv = report / "comparison.json", report / "comparison.csv"
-    if comparison.is_file() and table_csv.is_file():
+    if "comparison.json" in parsed and table_csv.is_file():
         from pretrainlab.compare.tables import to_csv
 
         try:
-            made = to_csv(json.loads(comparison.read_text(encoding="utf-8"))).splitlines()
+            made = to_csv(parsed["comparison.json"]).splitlines()
         except (KeyError, TypeError, ValueError) as e:
             raise DocsError(f"{comparison} is not a comparison this version of pretrainlab reads ({e})") from None
         if made != table_csv.read_text(encoding="utf-8").splitlines():
