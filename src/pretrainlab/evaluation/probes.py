@@ -176,7 +176,6 @@ def fit_probes(
     names = list(probes)
     single = [n for n in names if len(probes[n].layers) == 1 and not probes[n].mix]
     rest = [n for n in names if n not in single]
-    order = single + rest
     weight = nn.Parameter(torch.stack([probes[n].linear.weight.detach() for n in single])) if single else None
     bias = nn.Parameter(torch.stack([probes[n].linear.bias.detach() for n in single])) if single else None
     layers = [probes[n].layers[0] for n in single]
@@ -200,14 +199,14 @@ def fit_probes(
                 logits.insert(0, torch.einsum("blh,lch->blc", xs, weight) + bias)
             joined = torch.cat([z if z.dim() == 3 else z[:, None] for z in logits], 1)  # (batch, probes, classes)
             # the sum of each probe's mean loss: each probe's gradient is the one it gets alone
-            loss = F.cross_entropy(joined.flatten(0, 1), y[idx].repeat_interleave(len(order))) * len(order)
+            loss = F.cross_entropy(joined.flatten(0, 1), y[idx].repeat_interleave(len(names))) * len(names)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             schedule.step()
     with torch.no_grad():
         for k, n in enumerate(single):
-            assert weight is not None and bias is not None
+            assert weight is not None and bias is not None  # stacked whenever there is a single-layer probe
             probes[n].linear.weight.copy_(weight[k])
             probes[n].linear.bias.copy_(bias[k])
     return probes

@@ -136,8 +136,9 @@ def parse(data: dict, where: str) -> list[Example]:
 def checked(examples: list[Example], where: str) -> list[Example]:
     """``examples``, each a real question with real answers, or the source refused naming the question: a
     question id twice (predictions.json keeps one answer per id), no answer (SQuAD v1.1 has one or
-    more), an empty question, an empty answer or context (every empty prediction would match it), or an answer that is not
-    at its ``answer_start`` in the context (a negative one included, which Python's slicing would wrap)."""
+    more), an empty question, an empty answer or context (every empty prediction would match it), or an
+    answer that is not at its ``answer_start`` in the context (a negative one included, which Python's
+    slicing would wrap)."""
     seen: set[str] = set()
     for e in examples:
         if e.id in seen:
