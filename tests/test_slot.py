@@ -234,6 +234,22 @@ def _record(archive: Path) -> dict:
         return json.loads(f.read())
 
 
+def _in_process(inputs: Path, out: Path, work: Path, *overrides: str):
+    """The scaled-down slot of seed 0 at a given budget, as ``run_slot`` takes it in this process."""
+    from pretrainlab.slot.run import SlotArgs
+
+    return SlotArgs(
+        inputs=inputs,
+        out=out,
+        seed=0,
+        work=work,
+        budget_flops=1e12,
+        overrides=[*SMALL, *overrides],
+        started_at=time.time(),
+        installed={},
+    )
+
+
 def _retar(archive: Path, out: Path, edit) -> Path:
     """A copy of ``archive`` whose slot.json ``edit`` changed."""
     work = out.parent / f"{out.name}.d"
@@ -353,7 +369,7 @@ def test_a_slot_keeps_to_its_time_and_brings_back_what_finished(packed, tmp_path
 
 def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed, tmp_path, monkeypatch):
     """A failed record never replaces a finished one: it is written beside it, under a name of its own."""
-    from pretrainlab.slot.run import SlotArgs, run_slot
+    from pretrainlab.slot.run import run_slot
 
     _, inputs = packed
     work = tmp_path / "w"
@@ -365,16 +381,7 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
         raise RuntimeError("a GPU fell off the bus")
 
     monkeypatch.setattr("pretrainlab.studies.ablation.run_study", fails)
-    args = SlotArgs(
-        inputs=inputs,
-        out=tmp_path / "out",
-        seed=0,
-        work=work,
-        budget_flops=1e12,
-        overrides=list(SMALL),
-        started_at=time.time(),
-        installed={},
-    )
+    args = _in_process(inputs, tmp_path / "out", work)
     with pytest.raises(RuntimeError, match="fell off the bus"):
         run_slot(args)
     assert json.loads((report / "slot.json").read_text()) == {"seeds": [0], "plan": {"budget_flops": 1.0}}
@@ -403,19 +410,10 @@ def test_a_slot_whose_study_would_be_refused_writes_no_record_and_no_archive(pac
     baseline, optimizer setting or task is refused naming it, with no failed slot.json in the work
     folder and no failed archive in --out (they once came after the record, some as a traceback)."""
     from pretrainlab.config import ConfigError
-    from pretrainlab.slot.run import SlotArgs, run_slot
+    from pretrainlab.slot.run import run_slot
 
     _, inputs = packed
-    args = SlotArgs(
-        inputs=inputs,
-        out=tmp_path / "out",
-        seed=0,
-        work=tmp_path / "w",
-        budget_flops=1e12,
-        overrides=[*SMALL, *overrides],
-        started_at=time.time(),
-        installed={},
-    )
+    args = _in_process(inputs, tmp_path / "out", tmp_path / "w", *overrides)
     with pytest.raises(ConfigError) as refused:
         run_slot(args)
     assert says in str(refused.value)
@@ -428,7 +426,7 @@ def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_th
     (phases, error, wall-clock), the runs pretrained there are reported as they ran there (not at a
     negative time into a pretraining phase that trained nothing), no throughput is made up for the
     empty phase, and slot.md gives pretraining's share of the wall-clock over both starts."""
-    from pretrainlab.slot.run import SlotArgs, run_slot
+    from pretrainlab.slot.run import run_slot
 
     _, inputs = packed
     work = tmp_path / "w"
@@ -464,16 +462,7 @@ def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_th
 
     monkeypatch.setattr("pretrainlab.studies.ablation.run_study", evaluates)
     monkeypatch.setattr("pretrainlab.studies.ablation.check_study", lambda cfg: None)  # the run above is a record only
-    args = SlotArgs(
-        inputs=inputs,
-        out=tmp_path / "out",
-        seed=0,
-        work=work,
-        budget_flops=1e12,
-        overrides=list(SMALL),
-        started_at=time.time(),
-        installed={},
-    )
+    args = _in_process(inputs, tmp_path / "out", work)
     run_slot(args)
     record = json.loads((report / "slot.json").read_text())
     assert "error" not in record
