@@ -88,6 +88,97 @@ def test_nsp_keeps_unused_sentences_and_truncates_the_longer_segment():
     assert max(len(e["input_ids"]) for e in examples) == 64
 
 
+def whole_sentence(segment, docs):
+    """The (document, sentence) ``segment`` is, when it is exactly one sentence of ``docs``, else None."""
+    where = {decode(t) for t in segment}
+    if len(where) != 1:
+        return None
+    d, s = where.pop()
+    return (d, s) if np.array_equal(segment, docs[d][s]) else None
+
+
+@pytest.mark.parametrize("task", ["nsp", "sop"])
+def test_sentence_pairs_are_two_whole_sentences_with_balanced_labels(task):
+    """RoBERTa's SENTENCE-PAIR: A and B are one whole sentence each (the tagged sentences are short
+    enough that nothing is truncated); NSP's positives are a sentence and the next one, its negatives
+    a sentence of another document; SOP's pairs are consecutive, swapped half the time."""
+    docs = tagged_documents(2500, seed=5)
+    examples = list(SentencePairs(128, CLS, SEP, task, unit="sentences")(docs, np.random.default_rng(5)))
+    assert len(examples) > 5000
+    labels = np.array([int(e["label"]) for e in examples])
+    assert abs(labels.mean() - 0.5) < 0.02  # std of the mean <= 0.7 points: 2 points is ~3 sigma
+    for e in examples:
+        a, b = (whole_sentence(x, docs) for x in segments(e))
+        assert a is not None and b is not None
+        if task == "nsp" and e["label"] == 1:
+            assert a[0] != b[0]
+        else:
+            first, second = (b, a) if e["label"] == 1 else (a, b)
+            assert first[0] == second[0] and second[1] == first[1] + 1
+    # every sentence with a next one starts a pair or ends a positive one (NSP puts a negative's real
+    # next sentence back); none is cut
+    if task == "nsp":
+        used = {whole_sentence(x, docs) for e in examples for x in segments(e)[: 1 + (e["label"] == 0)]}
+        assert used >= {(d, s) for d, doc in enumerate(docs) for s in range(len(doc) - 1)}
+
+
+def test_sentence_pairs_truncate_a_long_pair_to_fit():
+    docs = [[np.arange(10, 60), np.arange(100, 180)], [np.arange(200, 260), np.arange(300, 340)]]
+    for e in SentencePairs(32, CLS, SEP, "sop", unit="sentences")(docs, np.random.default_rng(0)):
+        assert len(e["input_ids"]) == 32
+
+
+def test_a_pair_unit_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match="unit must be one of segments, sentences"):
+        SentencePairs(128, CLS, SEP, "nsp", unit="sentence")
+    with pytest.raises(ConfigError, match="objective.pair_unit='paragraphs' is not a pair unit"):
+        build_objective_from("objective=bert", "objective.pair_unit=paragraphs")
+
+
+def test_albert_trains_next_sentence_prediction_on_its_own_masking_when_asked():
+    """ALBERT Table 5's NSP row: the n-gram masking of ALBERT, BERT's pair task (its pairs, its head's
+    metric names and its learning check)."""
+    from pretrainlab.objectives.albert import NgramMaskingCollator
+
+    albert = build_objective_from("objective=albert", "objective.pair_task=nsp")
+    assert albert.pair_task == "nsp" and albert.example_builder(64).task == "nsp"
+    assert isinstance(albert.collator(), NgramMaskingCollator)
+    from tests.conftest import random_documents
+
+    examples = list(albert.example_builder(64)(random_documents(50), np.random.default_rng(0)))
+    batch = albert.collator()(examples[:8], torch.Generator().manual_seed(0))
+    out = albert(Encoder(TINY), batch)
+    assert {"nsp_loss", "nsp_acc"} <= set(out.metrics) and "sop_acc" not in out.metrics
+    assert build_objective_from("objective=albert").example_builder(64).task == "sop"
+    with pytest.raises(ConfigError, match="objective.pair_task='mlm' is not a pair task"):
+        build_objective_from("objective=albert", "objective.pair_task=mlm")
+
+
+def test_a_pair_head_without_its_loss_is_reported_but_not_judged():
+    """pair_weight=0 (the "none" row of a pair-loss ablation): the untrained pair head's accuracy is in
+    the metrics, and no learning check calls the run's design a failure to learn."""
+    from pretrainlab.objectives import learning
+    from tests.conftest import random_documents
+
+    for weight, heads in (("1.0", ["MLM at [MASK]", "NSP"]), ("0", ["MLM at [MASK]"])):
+        bert = build_objective_from("objective=bert", f"objective.pair_weight={weight}")
+        bert.token_counts = np.ones(500)
+        examples = list(bert.example_builder(64)(random_documents(50), np.random.default_rng(0)))
+        batch = bert.collator()(examples[:16], torch.Generator().manual_seed(0))
+        metrics, checks = bert.learning(learning.to_host(bert.tally(Encoder(TINY), batch)))
+        assert [c.head for c in checks] == heads and "nsp_acc" in metrics
+
+
+TINY = EncoderConfig(vocab_size=500, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def build_objective_from(*overrides):
+    from pretrainlab.pretraining.run import build_objective
+
+    tokens = SpecialTokens(500, 0, 1, 2, 3, 4, np.zeros(500, dtype=bool))
+    return build_objective(compose_train(*overrides), TINY, tokens)
+
+
 def words_row(rng, n_words, piece_probs=(0.8, 0.15, 0.05)):
     """A row of word pieces, with English-like WordPiece splits (most words one piece): ids and
     continuation flags (piece ids >= 500 continue a word)."""

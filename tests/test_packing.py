@@ -36,3 +36,25 @@ def test_whole_sentences_are_not_split_unless_longer_than_a_block():
     assert blocks[0] == [CLS, *range(5, 15), SEP]  # 10 + 6 > 14: the second sentence moves on
     assert blocks[1][:8] == [CLS, *range(20, 26), SEP]  # then the document boundary
     assert sum(len(b) - 2 for b in blocks) == 10 + 6 + 40 + blocks[1].count(SEP) - 1
+
+
+def test_doc_sentences_end_every_block_with_its_document():
+    """RoBERTa's DOC-SENTENCES: no block holds two documents (so no boundary separator inside), the
+    blocks of a document are its tokens in order, and only a document's last block is short."""
+    docs = random_documents(200, seed=7)
+    blocks = list(PackedBlocks(64, CLS, SEP, cross_documents=False)(docs))
+    bodies = [b["input_ids"][1:-1] for b in blocks]
+    assert all(len(b["input_ids"]) <= 64 and SEP not in body for b, body in zip(blocks, bodies))
+    at = 0
+    for doc in docs:
+        tokens = np.concatenate(doc)
+        mine = []
+        while sum(len(x) for x in mine) < len(tokens):
+            mine.append(bodies[at])
+            at += 1
+        assert np.array_equal(np.concatenate(mine), tokens)  # the document, whole, and nothing else
+        # a block closes early only when its next sentence would not fit (or the document ends)
+        assert all(len(x) > 62 - 30 for x in mine[:-1])
+    assert at == len(bodies)
+    packed = list(PackedBlocks(64, CLS, SEP)(docs))
+    assert len(blocks) > len(packed)  # the price: short last blocks

@@ -341,8 +341,22 @@ def test_an_arms_runs_are_named_and_tagged_by_the_arm_in_wandb(tmp_path):
     assert plain.logger.name is None and list(plain.logger.tags) == []
 
 
+def test_an_arm_of_another_objective_names_the_objective_and_its_own_settings(tmp_path):
+    """RoBERTa Table 2's rows beside BERT's SEGMENT-PAIR: DOC-SENTENCES is RoBERTa with blocks kept in
+    one document, a setting BERT does not have; the report says so rather than only 'bert -> roberta'."""
+    from pretrainlab.studies.ablation import arm_changes
+
+    cfg = _arms_study(tmp_path, "+ablation=input_format")
+    changes = arm_changes(cfg, ["sentence-pair", "full-sentences", "doc-sentences"], "segment-pair")
+    assert changes == {
+        "sentence-pair": [("objective.pair_unit", "segments", "sentences")],
+        "full-sentences": [("objective", "bert", "roberta")],
+        "doc-sentences": [("objective", "bert", "roberta"), ("objective.cross_documents", True, False)],
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["mask_rate", "generator_size", "masking_scheme", "sentence_loss"])
+@pytest.mark.parametrize("preset", ["mask_rate", "generator_size", "masking_scheme", "sentence_loss", "input_format"])
 def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
     """conf/ablation/<preset>.yaml on top of a study (here the offline one, scaled down): its arms
     pretrain, its report rows are the arms, each tested against the preset's baseline arm with what

@@ -1,5 +1,6 @@
 """RoBERTa's FULL-SENTENCES examples: contiguous sentences packed into blocks of up to
-``max_seq_len`` tokens, crossing document boundaries with an extra separator."""
+``max_seq_len`` tokens, crossing document boundaries with an extra separator (or, as DOC-SENTENCES,
+ending a block where its document ends)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from pretrainlab.data.examples import Documents, Example, ExampleBuilder, as_doc
 class PackedBlocks(ExampleBuilder):
     """``[CLS] s1 s2 ... [SEP]`` blocks of whole contiguous sentences, at most ``max_len`` tokens.
 
-    Blocks run across documents; where one document ends and the next begins inside a block, an
-    extra ``[SEP]`` marks the boundary. A sentence longer than a block is cut into block-sized
-    pieces. No token is dropped or repeated, so the packed corpus is the corpus.
+    With ``cross_documents`` (RoBERTa's FULL-SENTENCES), blocks run across documents; where one
+    document ends and the next begins inside a block, an extra ``[SEP]`` marks the boundary. Without
+    it (DOC-SENTENCES), a block ends where its document ends, so the last block of a document may
+    be short. A sentence longer than a block is cut into block-sized pieces. No token is dropped or
+    repeated, so the packed corpus is the corpus.
     """
 
     max_len: int
     cls_id: int
     sep_id: int
+    cross_documents: bool = True
 
     def __call__(
         self, documents: Documents | Sequence[Sequence[np.ndarray]], rng: np.random.Generator | None = None
@@ -41,7 +45,10 @@ class PackedBlocks(ExampleBuilder):
 
         for d, doc in enumerate(documents):
             if d > 0 and used > 0:
-                if used + 1 < room:
+                if not self.cross_documents:  # DOC-SENTENCES: a document's end ends its block
+                    yield emit()
+                    pieces, used = [], 0
+                elif used + 1 < room:
                     pieces.append(sep)  # document boundary inside the block
                     used += 1
                 else:  # no room for boundary + anything: the block boundary is the document boundary

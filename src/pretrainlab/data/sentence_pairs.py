@@ -1,6 +1,7 @@
 """BERT's and ALBERT's sentence-pair examples ``[CLS] A [SEP] B [SEP]``: next-sentence prediction
 (B continues A, or comes from another document) and sentence-order prediction (A and B consecutive,
-swapped half the time)."""
+swapped half the time), A and B being segments of sentences (RoBERTa's SEGMENT-PAIR) or single
+sentences (SENTENCE-PAIR)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class SentencePairs(ExampleBuilder):
     task="sop": A and B stay consecutive; with probability 1/2 they are swapped (label 1 =
         swapped). A one-sentence chunk is cut inside the sentence.
 
+    With ``unit="sentences"`` (RoBERTa's SENTENCE-PAIR; Liu et al., 2019, Table 2), A and B are one
+    sentence each: A is a document's sentence and B the next one, or for a random NSP pair one
+    sentence of another document (the next one then starts the next pair). A document's last
+    sentence, when it has no pair of its own, is left out rather than cut. ``short_seq_prob`` does
+    not apply.
+
     The longer segment is truncated, one token at a time from a random end, until the pair fits.
     """
 
@@ -37,10 +44,13 @@ class SentencePairs(ExampleBuilder):
     sep_id: int
     task: str = "nsp"
     short_seq_prob: float = 0.1
+    unit: str = "segments"
 
     def __post_init__(self) -> None:
         if self.task not in ("nsp", "sop"):
             raise ValueError(f"SentencePairs.task must be 'nsp' or 'sop', got {self.task!r}.")
+        if self.unit not in UNITS:
+            raise ValueError(f"SentencePairs.unit must be one of {', '.join(UNITS)}, got {self.unit!r}.")
         if self.max_len < 5:
             raise ValueError(f"max_seq_len={self.max_len} is too short for a sentence pair (needs at least 5).")
 
@@ -51,7 +61,36 @@ class SentencePairs(ExampleBuilder):
         if self.task == "nsp" and len(documents) < 2:
             raise ValueError("next-sentence prediction needs at least two documents to draw negatives from.")
         for d in range(len(documents)):
-            yield from self._document(documents, d, rng)
+            if self.unit == "sentences":
+                yield from self._sentence_pairs(documents, d, rng)
+            else:
+                yield from self._document(documents, d, rng)
+
+    def _sentence_pairs(self, documents: Documents, d: int, rng: np.random.Generator) -> Iterator[Example]:
+        """SENTENCE-PAIR: each pair is two sentences, consecutive ones of document ``d`` or (a random NSP
+        pair) one of it and one of another document."""
+        doc = [s for s in documents[d] if len(s)]
+        i = 0
+        while i + 1 < len(doc):
+            a, b = doc[i], doc[i + 1]
+            if self.task == "nsp":
+                if rng.random() < 0.5:
+                    other = int(rng.integers(0, len(documents) - 1))
+                    other += other >= d  # uniformly among the *other* documents
+                    random_b = self._random_segment(documents, other, 1, rng)
+                    if random_b is None:
+                        i += 1
+                        continue
+                    b, label, step = random_b, 1, 1  # the real next sentence starts the next pair
+                else:
+                    label, step = 0, 2
+            else:
+                label, step = int(rng.random() < 0.5), 2
+                if label:
+                    a, b = b, a
+            a, b = self._truncate(a, b, rng)
+            yield self._pair(a, b, label)
+            i += step
 
     def _document(self, documents: Documents, d: int, rng: np.random.Generator) -> Iterator[Example]:
         doc = [s for s in documents[d] if len(s)]
@@ -166,4 +205,6 @@ class SentencePairs(ExampleBuilder):
         return {"input_ids": ids, "token_type_ids": types, "label": np.array(label, dtype=np.int8)}
 
 
-__all__ = ["SentencePairs"]
+UNITS = ("segments", "sentences")
+
+__all__ = ["UNITS", "SentencePairs"]

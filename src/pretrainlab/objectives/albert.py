@@ -10,12 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
+from pretrainlab.config import ConfigError
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Batch
 from pretrainlab.objectives.bert import BERT
 from pretrainlab.objectives.masked_lm import MaskedLMCollator
 from pretrainlab.objectives.masking import select_ngrams
 from pretrainlab.tokens import SpecialTokens
+
+PAIR_TASKS = ("sop", "nsp")
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,13 +36,28 @@ class NgramMaskingCollator(MaskedLMCollator):
 
 
 class ALBERT(BERT):
-    """MLM with n-gram masking + SOP: A and B are consecutive segments, swapped half the time."""
+    """MLM with n-gram masking + SOP: A and B are consecutive segments, swapped half the time.
+
+    ``pair_task="nsp"`` trains BERT's next-sentence prediction instead, on the same masking: the
+    NSP row of ALBERT's Table 5 (none / NSP / SOP on one encoder)."""
 
     pair_task = "sop"
 
     def __init__(
-        self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "albert", max_ngram: int = 3, **kwargs
+        self,
+        encoder_config: EncoderConfig,
+        tokens: SpecialTokens,
+        name: str = "albert",
+        max_ngram: int = 3,
+        pair_task: str = "sop",
+        **kwargs,
     ):
+        if pair_task not in PAIR_TASKS:
+            raise ConfigError(
+                f"objective.pair_task={pair_task!r} is not a pair task: choose sop (sentence order, ALBERT's) or nsp "
+                f"(next sentence, BERT's)."
+            )
+        self.pair_task = pair_task
         super().__init__(encoder_config, tokens, name, **kwargs)
         if max_ngram < 1:
             raise ValueError(f"objective.max_ngram must be at least 1, got {max_ngram}.")

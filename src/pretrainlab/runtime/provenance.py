@@ -50,6 +50,9 @@ ADDED_SETTINGS = {
     "objective.whole_word": False,
     "objective.mask_rate_start": None,
     "objective.causal_first": 0.0,
+    "objective.pair_unit": "segments",
+    "objective.pair_task": "sop",  # ALBERT's (BERT's is fixed: NSP)
+    "objective.cross_documents": True,
     "arm": None,
 }
 

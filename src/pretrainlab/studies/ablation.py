@@ -279,13 +279,30 @@ def arm_changes(cfg: DictConfig, arms: list[str], against: str) -> dict[str, lis
     arm's) of every setting of their pretraining configs that differs. Composed from what differs
     between arms (the objective, its ``objective_overrides``, the arm's own), without the study's
     ``pretrain`` overrides every arm shares, so that a study merged from slots (whose record keeps no
-    paths) says it too."""
+    paths) says it too. An arm of another objective changes ``objective`` (the two names), and its
+    objective's settings are given beside that objective's defaults (``conf/objective/<name>.yaml``),
+    since the two objectives' settings are not the same keys."""
 
-    def composed(arm: str) -> Any:
-        return OmegaConf.to_container(compose("train", arm_overrides(cfg, arm))[0], resolve=True)
+    def composed(overrides: list[str]) -> Any:
+        return OmegaConf.to_container(compose("train", overrides)[0], resolve=True)
 
-    base = composed(against)
-    return {arm: differences(base, composed(arm), ignore=PRETRAINING_HOW) for arm in arms if arm != against}
+    base = composed(arm_overrides(cfg, against))
+    changes = {}
+    for arm in arms:
+        if arm == against:
+            continue
+        overrides = arm_overrides(cfg, arm)
+        mine = composed(overrides)
+        changed = differences(base, mine, ignore=PRETRAINING_HOW)
+        if mine["objective"]["name"] != base["objective"]["name"]:
+            defaults = composed(overrides[:1])["objective"]
+            changed = [
+                ("objective", base["objective"]["name"], mine["objective"]["name"]),
+                *(c for c in changed if not c[0].startswith("objective.")),
+                *differences(defaults, mine["objective"], prefix="objective", ignore=PRETRAINING_HOW),
+            ]
+        changes[arm] = changed
+    return changes
 
 
 def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], fractions: list[float]) -> list[tuple]:
@@ -449,7 +466,8 @@ def arms_preface(cfg: DictConfig) -> str:
     baseline = cfg.get("baseline")
     if baseline in arms:
         lines = [
-            f"Arms: what each changes beside {baseline} (its pretraining settings that differ, {baseline}'s then the arm's):"
+            f"Arms: what each changes beside {baseline} (its pretraining settings that differ, {baseline}'s then the "
+            f"arm's; an arm of another objective: its objective's settings beside that objective's defaults):"
         ]
         for arm, changed in arm_changes(cfg, list(arms), baseline).items():
             shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed) or "nothing"

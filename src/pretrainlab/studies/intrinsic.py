@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -71,7 +72,7 @@ def evaluate(
                 f"{run_dir}: objective {objective.name} has no sentence-pair head to score on "
                 f"{pair_task.upper()} pairs."
             )
-        builder = SentencePairs(builder.max_len, builder.cls_id, builder.sep_id, pair_task, builder.short_seq_prob)
+        builder = dataclasses.replace(builder, task=pair_task)
     datamodule = PretrainDataModule(
         data, builder, objective.collator(None), batch_size, cfg.seed, num_workers=0, val_batch_size=batch_size
     )
