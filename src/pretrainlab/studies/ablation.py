@@ -67,9 +67,13 @@ from pretrainlab.studies.intrinsic import (
     learning_report,
 )
 from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel, suite_work
+from pretrainlab.studies.slurm import Planned, SlurmError, SlurmStudy, check_cluster, run_slurm
+from pretrainlab.studies.slurm import resources as slurm_resources
 from pretrainlab.studies.suite import plan_suite, run_suite
 
 log = logging.getLogger("pretrainlab")
+
+LAUNCHERS = ("local", "slurm")  # where a study's runs run: this machine, or one SLURM job each (studies.slurm)
 
 
 def study_tasks(cfg: DictConfig) -> list[str]:
@@ -384,7 +388,14 @@ class _Prepared:
                 pretraining.validate(train_cfg)
             except ValueError as e:
                 raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
-        self.jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in self.pending])
+        self.launcher = str(cfg.get("launcher", "local"))
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"launcher={self.launcher}: choose one of {', '.join(LAUNCHERS)} (conf/ablate.yaml).")
+        if self.launcher == "slurm":  # every job's resources, then the cluster, before any work
+            for kind in ("pretrain", "evaluate"):
+                slurm_resources(cfg, kind)
+            check_cluster()
+        self.jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in self.pending]) if self.launcher == "local" else 1
 
     def suite_cfg(self, encoder: Path, init: str) -> DictConfig:
         gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *self.glue_overrides])
@@ -403,6 +414,40 @@ class _Prepared:
         return found
 
 
+def slurm_jobs(prepared: _Prepared) -> list[Planned]:
+    """The study's SLURM jobs: each pretraining run not done yet (resuming from its checkpoint when
+    the job starts, or starts again after a requeue: ``ckpt_path=auto``), then each encoder's
+    evaluation suite not finished yet (the final encoder, its snapshots, the scratch baseline of the
+    first run), after its pretraining job."""
+    cfg, root = prepared.cfg, prepared.root
+    intrinsic = bool(cfg.get("intrinsic", True))
+    pending = {run_dir for run_dir, _, _ in prepared.pending}
+    planned: list[Planned] = []
+    for i, (run_dir, train_cfg, choices, _) in enumerate(prepared.planned):
+        name = f"pretrain-{run_dir.name}"
+        if run_dir in pending:
+            work_cfg = train_cfg.copy()
+            work_cfg.ckpt_path = "auto"
+            planned.append(Planned(name, pretraining_work(run_dir, work_cfg, choices, root / "logs", intrinsic)))
+        encoders = [(run_dir, "pretrained"), *((snapshot_dir(run_dir, f), "pretrained") for f in prepared.fractions)]
+        if cfg.scratch and i == 0:
+            encoders.append((run_dir, "scratch"))
+        if not prepared.tasks:  # a study of pretraining only (evals=[])
+            encoders = []
+        for encoder, init in encoders:
+            gcfg = prepared.suite_cfg(encoder, init)
+            overrides = plain(gcfg.task_overrides)
+            if (encoder / "config.json").is_file() or (encoder / "encoder" / "config.json").is_file():
+                if all(
+                    job.done is not None for job in plan_suite(gcfg, prepared.tasks, prepared.seeds, None, overrides)[1]
+                ):
+                    continue
+            label = suite_label(root, encoder, init)
+            work = suite_work(label, gcfg, prepared.tasks, prepared.seeds, overrides, root / "logs")
+            planned.append(Planned(f"evaluate-{label}", work, name if run_dir in pending else None))
+    return planned
+
+
 def _run_study(
     cfg: DictConfig,
     root: Path,
@@ -415,7 +460,13 @@ def _run_study(
     runs, pending, jobs, tasks, seeds = prepared.runs, prepared.pending, prepared.jobs, prepared.tasks, prepared.seeds
     suite_cfg, encoders = prepared.suite_cfg, prepared.encoders
     timeline("pretraining")
-    if jobs > 1 and len(pending) > 1:
+    on_slurm = prepared.launcher == "slurm"
+    if on_slurm:
+        study = SlurmStudy(cfg, root, resume, say=log.info)
+        if not run_slurm(study, slurm_jobs(prepared), bool(cfg.get("detach", False))):
+            return {}  # detached: the jobs are on their way, the same command continues
+        pending = []
+    elif jobs > 1 and len(pending) > 1:
         intrinsic = bool(cfg.get("intrinsic", True))
         run_parallel([pretraining_work(r, c, ch, root / "logs", intrinsic) for r, c, ch in pending], jobs, resume)
     else:
@@ -443,6 +494,12 @@ def _run_study(
         for encoder, init, gcfg in suites
         if any(job.done is None for job in plan_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides))[1])
     ]
+    if on_slurm and unfinished:
+        label = suite_label(root, unfinished[0][0], unfinished[0][1])
+        raise SlurmError(
+            f"the evaluation of {label} has unfinished results although its SLURM job ended: see {root / 'slurm'}; "
+            f"continue the study with:\n  {resume}"
+        )
     if jobs > 1 and len(unfinished) > 1:
         work = [
             suite_work(suite_label(root, encoder, init), g, tasks, seeds, plain(g.task_overrides), root / "logs")

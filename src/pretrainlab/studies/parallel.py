@@ -80,6 +80,16 @@ class Work:
     spec: dict
     log: Path
 
+    def save(self, path: Path, resume_hint: str) -> Path:
+        """Write the spec that :func:`run_work` runs (``path``) and its config beside it
+        (``<path>.cfg.yaml``: in a file of its own, its interpolations, ``${task.lr}``..., start at
+        its root); returns ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cfg = path.with_name(path.name + ".cfg.yaml")
+        OmegaConf.save(self.cfg, cfg)
+        OmegaConf.save(OmegaConf.create({**self.spec, "kind": self.kind, "cfg": str(cfg), "resume": resume_hint}), path)
+        return path
+
 
 def pretraining_work(run_dir: Path, cfg: DictConfig, choices: dict, logs: Path, intrinsic: bool = True) -> Work:
     """Pretrain ``run_dir``, then compute its held-out checks in the same process, on its device
@@ -116,11 +126,7 @@ def run_parallel(
             while queue or running:
                 while queue and len(running) < jobs and not failed:
                     item = queue.pop(0)
-                    spec, cfg = Path(tmp) / f"{len(queue)}.yaml", Path(tmp) / f"{len(queue)}.cfg.yaml"
-                    # the config in a file of its own: its interpolations (${task.lr}, ...) start at its root
-                    OmegaConf.save(item.cfg, cfg)
-                    meta = {**item.spec, "kind": item.kind, "cfg": str(cfg), "resume": resume_hint}
-                    OmegaConf.save(OmegaConf.create(meta), spec)
+                    spec = item.save(Path(tmp) / f"{len(queue)}.yaml", resume_hint)
                     item.log.parent.mkdir(parents=True, exist_ok=True)
                     with open(item.log, "ab") as out:
                         proc = subprocess.Popen(
@@ -159,12 +165,13 @@ def run_parallel(
         )
 
 
-def _main(spec_path: str) -> None:
+def run_work(spec_path: str | Path) -> None:
+    """Do the piece of work a spec (:meth:`Work.save`) describes, in this process: what every process
+    of :func:`run_parallel` and every SLURM job of a study (``studies.slurm``) runs."""
     import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
     from pretrainlab.config import plain
     from pretrainlab.pretraining import run as pretraining
 
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     spec = cast(DictConfig, OmegaConf.load(spec_path))
     cfg = cast(DictConfig, OmegaConf.load(spec.cfg))
     if spec.kind == "pretrain":
@@ -182,6 +189,11 @@ def _main(spec_path: str) -> None:
         from pretrainlab.studies.suite import run_suite
 
         run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
+
+
+def _main(spec_path: str) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    run_work(spec_path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,243 @@
+"""Studies and multiruns on a real SLURM cluster (a single-node one on this machine: `.ci/slurm-cluster
+start`, which `.ci/run` starts before the tests). Without a cluster these tests are skipped, naming why;
+in CI (PRETRAINLAB_REQUIRE_SLURM=1) a missing cluster fails them instead."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pretrainlab.data.hashing import file_digest
+from tests.conftest import SMALL, compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cluster() -> str | None:
+    """Why no SLURM cluster takes jobs here, or None when one does."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+        return f"no SLURM here ({e.__class__.__name__}); start one with: sudo bash .ci/slurm-cluster start"
+    states = done.stdout.split()  # a node that answers: idle, mixed, allocated, completing (not down, drained, "*")
+    if done.returncode != 0 or not any(s.rstrip("~#%$@^-!") in ("idle", "mix", "alloc", "comp") for s in states):
+        return f"no SLURM node takes jobs (sinfo: {done.stdout.strip() or done.stderr.strip()}); start one with: sudo bash .ci/slurm-cluster start"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def slurm_cluster():
+    why = _cluster()
+    if why is not None:
+        if os.environ.get("PRETRAINLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(f"PRETRAINLAB_REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def quoted(xs: list[str]) -> str:
+    return "[" + ",".join(f'"{x}"' for x in xs) + "]"
+
+
+# every job on one CPU, as the suite's processes run (one thread per xdist worker): the same arithmetic
+JOB = ["slurm.partition=debug", "slurm.pretrain.gpus=0", "slurm.pretrain.cpus=1", "slurm.pretrain.mem_gb=null",
+       "slurm.pretrain.time_min=30", "slurm.poll_s=1"]  # fmt: skip
+
+
+def study(tmp_path: Path, name: str, steps: int = 30, *extra: str) -> list[str]:
+    glue = ["glue.source=synthetic", "glue.synthetic.scale=0.05", "task_overrides.epochs=1", "logger=csv",
+            "trainer.enable_progress_bar=false", "task_overrides.max_seq_len=64"]  # fmt: skip
+    pretrain = [*SMALL, "data.num_documents=200", f"max_steps={steps}", "checkpoint_every=10", f"val_every={steps}"]
+    return [
+        f"study={name}",
+        f"output_root={tmp_path}",
+        "objectives=[roberta,bert]",
+        "seeds=[0,1]",
+        f"pretrain={quoted(pretrain)}",
+        "glue.tasks=[rte]",
+        "glue.seeds=[0]",
+        f"glue.overrides={quoted(glue)}",
+        "intrinsic=false",
+        *extra,
+    ]
+
+
+def ablate(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    )
+
+
+def jobs_of(root: Path) -> dict:
+    return json.loads((root / "slurm" / "jobs.json").read_text())
+
+
+def job_state(job: str) -> str:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=60).stdout
+    return shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "UNKNOWN"
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {
+        run.name: file_digest(run / "encoder" / "encoder.safetensors")
+        for run in sorted((root / "pretrain").iterdir())
+        if (run / "encoder" / "encoder.safetensors").is_file()
+    }
+
+
+def test_a_study_through_slurm_reports_what_the_local_launcher_reports(tmp_path):
+    """Two objectives x two seeds: submitted detached (every pretraining run a job, every encoder's
+    suite a job after it), continued by the same command, which follows the jobs to the end and writes
+    the report; every encoder and every result equals the local launcher's, and no job was submitted
+    twice."""
+    local = ablate(*study(tmp_path / "local", "s"))
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_slurm = study(tmp_path / "slurm", "s", 30, "launcher=slurm", *JOB)
+    first = ablate(*on_slurm, "detach=true")
+    assert first.returncode == 0, first.stderr[-3000:]
+    said = first.stdout + first.stderr
+    assert "Detached:" in said and "Run the same command again" in said, said[-3000:]
+    assert "--cpus-per-task=1" in said and "--signal=USR2@120" in said  # the resources, printed before submission
+    root = tmp_path / "slurm" / "s"
+    submitted = jobs_of(root)
+    names = {f"pretrain-{o}-s{s}" for o in ("roberta", "bert") for s in (0, 1)}
+    names |= {f"evaluate-{o}-s{s}" for o in ("roberta", "bert") for s in (0, 1)}
+    assert set(submitted) == names | {"evaluate-roberta-s0-scratch"}  # scratch: the first run's architecture
+    # a pretraining job cancelled from outside: the rerun submits it again, and its evaluation after the new job
+    subprocess.run(["scancel", submitted["pretrain-bert-s1"]["job"]], check=True, timeout=60)
+    again = ablate(*on_slurm)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = jobs_of(root)
+    again_submitted = {"pretrain-bert-s1", "evaluate-bert-s1"}
+    assert all(len(after[n]["attempts"]) == 2 for n in again_submitted), after
+    assert all(after[n]["attempts"] == submitted[n]["attempts"] for n in set(submitted) - again_submitted)
+    assert all(job_state(after[n]["job"]) == "COMPLETED" for n in after)
+    assert digests(root) == digests(tmp_path / "local" / "s") and len(digests(root)) == 4
+    ours = json.loads((root / "report" / "comparison.json").read_text())
+    theirs = json.loads((tmp_path / "local" / "s" / "report" / "comparison.json").read_text())
+    assert ours["labels"] == theirs["labels"] == ["bert", "roberta", "scratch"]
+    assert ours["cells"] == theirs["cells"] and ours["differences"] == theirs["differences"]
+
+
+def test_a_requeued_pretraining_job_resumes_to_the_encoder_of_an_uninterrupted_run(tmp_path):
+    """scontrol requeue while the run trains: it saves at the end of its step, the job starts again and
+    resumes from that checkpoint; the encoder is bit for bit the one a run without interruption makes."""
+    one = ["objectives=[roberta]", "seeds=[0]", "scratch=false", "evals=[]"]
+    local = ablate(*study(tmp_path / "local", "r", 150), *one)
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_slurm = [*study(tmp_path / "slurm", "r", 150), *one, "launcher=slurm", *JOB]
+    first = ablate(*on_slurm, "detach=true")
+    assert first.returncode == 0, first.stderr[-3000:]
+    root = tmp_path / "slurm" / "r"
+    job = jobs_of(root)["pretrain-roberta-s0"]["job"]
+    run = root / "pretrain" / "roberta-s0"
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / "last.ckpt").is_file():  # training, and saved once (checkpoint_every=10)
+        assert time.time() < deadline and job_state(job) in ("PENDING", "RUNNING"), job_state(job)
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+    again = ablate(*on_slurm)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert jobs_of(root)["pretrain-roberta-s0"]["attempts"] == [job]  # requeued by SLURM, not submitted again
+    log = (root / "slurm" / "logs" / f"{job}_0_log.out").read_text()
+    assert f"Restored all states from the checkpoint at {run / 'checkpoints' / 'last.ckpt'}" in log, log[-3000:]
+    assert digests(root) == digests(tmp_path / "local" / "r") and len(digests(root)) == 1
+
+
+def test_a_failed_job_stops_the_study_naming_its_log(tmp_path):
+    """A job that fails (here its setup line, as a `module load` that fails would) ends the study with
+    its log and the command that continues it; the jobs waiting for it are cancelled."""
+    overrides = [*study(tmp_path, "f"), "objectives=[roberta]", "seeds=[0]", "launcher=slurm", *JOB]
+    done = ablate(*overrides, 'slurm.setup=["echo no such module: cuda/99 >&2","exit 3"]')
+    assert done.returncode != 0
+    said = done.stderr
+    assert "pretrain-roberta-s0 (job" in said and "ended FAILED" in said, said[-3000:]
+    log = said.split("its log: ")[1].split()[0]
+    assert "no such module: cuda/99" in Path(log).read_text()
+    assert "continue the study" in said
+    jobs = jobs_of(tmp_path / "f")
+    assert job_state(jobs["evaluate-roberta-s0"]["job"]) == "CANCELLED"
+
+
+def test_ctrl_c_cancels_the_studys_jobs_and_no_others(tmp_path):
+    other = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 600"], capture_output=True, text=True, check=True)
+    other_job = other.stdout.strip().split(";")[0]
+    try:
+        overrides = [*study(tmp_path, "c", 3000), "objectives=[roberta]", "seeds=[0,1]", "launcher=slurm", *JOB]
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        record = tmp_path / "c" / "slurm" / "jobs.json"
+        deadline = time.time() + 300
+        while not (record.is_file() and len(json.loads(record.read_text())) == 5):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=300)[0]
+        assert proc.returncode != 0
+        assert "cancelled this study's 5 job(s)" in out and "Continue the study with" in out, out[-3000:]
+        for job in json.loads(record.read_text()).values():
+            assert job_state(job["job"]) == "CANCELLED"
+        assert job_state(other_job) in ("RUNNING", "PENDING")
+    finally:
+        subprocess.run(["scancel", other_job], timeout=60)
+
+
+def test_a_study_refuses_slurm_settings_that_cannot_run_before_submitting(tmp_path):
+    from pretrainlab.config import ConfigError
+    from pretrainlab.studies.ablation import check_study
+
+    for bad, says in (
+        ("slurm.pretrain.cpus=0", "slurm.pretrain.cpus=0: give a whole number of at least 1"),
+        ("slurm.evaluate.time_min=1", "slurm.evaluate.time_min=1 leaves no time before the warning"),
+        ("launcher=kubernetes", "launcher=kubernetes: choose one of local, slurm"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            check_study(compose_config("ablate", *study(tmp_path, "bad"), "launcher=slurm", *JOB, bad))
+    assert not (tmp_path / "bad" / "slurm").exists()
+
+
+def test_a_hydra_multirun_runs_its_jobs_through_slurm(tmp_path):
+    """train.py -m with hydra/launcher=submitit_slurm: one SLURM job per run, each in its own directory
+    with the checks and the export of a single run."""
+    overrides = [
+        "-m",
+        "objective=roberta,bert",
+        "seed=0",
+        *SMALL,
+        "data.num_documents=200",
+        "max_steps=5",
+        "val_every=5",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=30",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *overrides], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = sorted((tmp_path / "multirun").glob("*/encoder/config.json"))
+    assert len(runs) == 2
+    logs = list((tmp_path / "multirun" / ".submitit").glob("*/*_log.out"))
+    jobs = {p.parent.name for p in logs}  # <array id>_<task>: one SLURM job per run
+    assert len(jobs) == 2
+    deadline = time.time() + 60  # Hydra returns once the results are written, maybe before SLURM's COMPLETING ends
+    while not all(job_state(j) == "COMPLETED" for j in jobs):
+        assert time.time() < deadline, {j: job_state(j) for j in jobs}
+        time.sleep(1)
