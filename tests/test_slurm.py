@@ -130,28 +130,52 @@ def test_a_study_through_slurm_reports_what_the_local_launcher_reports(tmp_path)
     assert ours["cells"] == theirs["cells"] and ours["differences"] == theirs["differences"]
 
 
-def test_a_requeued_pretraining_job_resumes_to_the_encoder_of_an_uninterrupted_run(tmp_path):
-    """scontrol requeue while the run trains: it saves at the end of its step, the job starts again and
-    resumes from that checkpoint; the encoder is bit for bit the one a run without interruption makes."""
+def test_a_pretraining_job_warned_of_its_time_limit_or_requeued_resumes_to_the_uninterrupted_encoder(tmp_path):
+    """SIGUSR2 (what SLURM sends slurm.signal_s before the time limit) while the run trains: it saves
+    at the end of its step and requeues its job; then scontrol requeue (a preemption) in the restarted
+    job: it saves again and SLURM requeues it. Each time the job resumes from its checkpoint, and the
+    encoder is bit for bit the one a run without interruption makes; the study never submitted it again."""
     one = ["objectives=[roberta]", "seeds=[0]", "scratch=false", "evals=[]"]
-    local = ablate(*study(tmp_path / "local", "r", 150), *one)
+    local = ablate(*study(tmp_path / "local", "r", 300), *one)
     assert local.returncode == 0, local.stderr[-3000:]
-    on_slurm = [*study(tmp_path / "slurm", "r", 150), *one, "launcher=slurm", *JOB]
+    on_slurm = [*study(tmp_path / "slurm", "r", 300), *one, "launcher=slurm", *JOB]
     first = ablate(*on_slurm, "detach=true")
     assert first.returncode == 0, first.stderr[-3000:]
     root = tmp_path / "slurm" / "r"
     job = jobs_of(root)["pretrain-roberta-s0"]["job"]
-    run = root / "pretrain" / "roberta-s0"
-    deadline = time.time() + 300
-    while not (run / "checkpoints" / "last.ckpt").is_file():  # training, and saved once (checkpoint_every=10)
-        assert time.time() < deadline and job_state(job) in ("PENDING", "RUNNING"), job_state(job)
+    checkpoint = root / "pretrain" / "roberta-s0" / "checkpoints" / "last.ckpt"
+
+    def saved_after(moment: float) -> None:  # training, and saved since (checkpoint_every=10)
+        deadline = time.time() + 300
+        while not (checkpoint.is_file() and checkpoint.stat().st_mtime > moment):
+            state = job_state(job)
+            assert time.time() < deadline and state in (
+                "PENDING",
+                "CONFIGURING",
+                "RUNNING",
+                "COMPLETING",
+                "REQUEUED",
+            ), state
+            time.sleep(0.2)
+
+    def restarts() -> int:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+        return int(shown.split("Restarts=")[1].split()[0])
+
+    saved_after(0)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=60)
+    deadline = time.time() + 120
+    while restarts() < 1:  # the job saved and requeued itself
+        assert time.time() < deadline, job_state(job)
         time.sleep(0.2)
+    saved_after(time.time())  # the restarted job resumed and saved
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
     again = ablate(*on_slurm)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert jobs_of(root)["pretrain-roberta-s0"]["attempts"] == [job]  # requeued by SLURM, not submitted again
+    assert jobs_of(root)["pretrain-roberta-s0"]["attempts"] == [job]  # requeued, never submitted again
+    assert restarts() == 2
     log = (root / "slurm" / "logs" / f"{job}_0_log.out").read_text()
-    assert f"Restored all states from the checkpoint at {run / 'checkpoints' / 'last.ckpt'}" in log, log[-3000:]
+    assert f"Restored all states from the checkpoint at {checkpoint}" in log, log[-3000:]
     assert digests(root) == digests(tmp_path / "local" / "r") and len(digests(root)) == 1
 
 
@@ -180,6 +204,8 @@ def test_ctrl_c_cancels_the_studys_jobs_and_no_others(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # Ctrl-C as from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit that
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         record = tmp_path / "c" / "slurm" / "jobs.json"
         deadline = time.time() + 300
