@@ -39,6 +39,11 @@ class MaskedLMHead(nn.Module):
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(F.gelu(self.dense(hidden)))
 
+    def logits(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """The vocabulary logits of ``hidden`` (..., d): the transform, then the decoder tied to
+        ``word_embeddings`` (the encoder's word-embedding matrix)."""
+        return F.linear(self.transform(hidden), word_embeddings, self.bias)
+
     def loss(
         self,
         hidden: torch.Tensor,
@@ -51,7 +56,7 @@ class MaskedLMHead(nn.Module):
         argmax, over the slots whose label is not ``IGNORE``; with ``temperature``, also one sample
         per slot from softmax(logits / temperature), by inverse CDF at ``uniform``. hidden (..., d),
         labels and uniform (...). Same values and gradients as ``F.cross_entropy`` of the logits
-        ``F.linear(self.transform(hidden), word_embeddings, self.bias)``.
+        :meth:`logits`.
 
         In eager mode on CPU the scored rows are picked out and the vocabulary is taken a slice at a
         time (``linear_cross_entropy``); elsewhere every slot is scored from its full logits
@@ -67,7 +72,7 @@ class MaskedLMHead(nn.Module):
         rows = (labels != IGNORE).nonzero().squeeze(1)
         if rows.numel() == 0:  # nothing to predict in this batch: no loss and no gradient, not 0/0
             # one row through the head, times 0: every parameter in the graph (as DDP expects), all gradients 0
-            zero = F.linear(self.transform(hidden[:1]), word_embeddings, self.bias).float().sum() * 0.0
+            zero = self.logits(hidden[:1], word_embeddings).float().sum() * 0.0
             if temperature is None:
                 return zero, zero.detach()
             return zero, zero.detach(), torch.full_like(labels, IGNORE).view(shape)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pretrainlab.data.examples import Example
 from pretrainlab.data.packing import PackedBlocks
@@ -87,7 +86,7 @@ class CausalLM(Objective):
         labels = batch["clm_labels"]
         return masked_tally(
             "clm",
-            lambda h: F.linear(self.lm_head.transform(h), weight, self.lm_head.bias),
+            lambda h: self.lm_head.logits(h, weight),
             self.encode(encoder, batch),
             labels,
             torch.full_like(labels, self.tokens.mask_id),  # the next token is never in view
@@ -113,7 +112,7 @@ class CausalLM(Objective):
                 x = ids[start : start + step]
                 real = torch.ones_like(x, dtype=torch.bool)
                 hidden = encoder(x, None, causal_mask(real)).hidden_states[:, :-1]
-                logits = F.linear(self.lm_head.transform(hidden), encoder.word_embeddings.weight, self.lm_head.bias)
+                logits = self.lm_head.logits(hidden, encoder.word_embeddings.weight)
                 logp = torch.log_softmax(logits.float(), dim=-1).gather(2, x[:, 1:, None]).squeeze(2)
                 logp = logp.masked_fill(torch.isin(x[:, 1:], special), 0.0)
                 scores[torch.as_tensor(members[start : start + step], device=device)] = logp.double().sum(1)

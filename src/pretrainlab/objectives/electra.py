@@ -160,7 +160,7 @@ class ELECTRA(MaskingSchedule, Objective):
         head = self.generator_head
         counts = masked_tally(
             "gen",
-            lambda h: F.linear(head.transform(h), weight, head.bias),
+            lambda h: head.logits(h, weight),
             gen.hidden_states,
             originals,
             ids.gather(1, positions),

@@ -27,7 +27,6 @@ from typing import cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
@@ -160,7 +159,7 @@ class GPTBERT(RoBERTa):
         labels = batch["clm_labels"]
         causal = masked_tally(
             "clm",
-            lambda h: F.linear(self.mlm_head.transform(h), weight, self.mlm_head.bias),
+            lambda h: self.mlm_head.logits(h, weight),
             hidden,
             labels,
             torch.full_like(labels, self.tokens.mask_id),  # the next token is never in view

@@ -17,7 +17,6 @@ from functools import cached_property
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pretrainlab.data.examples import Example
 from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
@@ -174,7 +173,7 @@ class MaskedLM(MaskingSchedule, Objective):
         shown = batch["input_ids"].gather(1, batch["mlm_positions"])
         return masked_tally(
             "mlm",
-            lambda h: F.linear(self.mlm_head.transform(h), weight, self.mlm_head.bias),
+            lambda h: self.mlm_head.logits(h, weight),
             out.hidden_states,
             batch["mlm_labels"],
             shown,
@@ -202,7 +201,7 @@ class MaskedLM(MaskingSchedule, Objective):
         def logits(copies: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             copies[torch.arange(len(positions), device=device), positions] = self.tokens.mask_id
             hidden = encoder(copies, None, None, rows=positions[:, None]).hidden_states[:, 0]
-            return F.linear(self.mlm_head.transform(hidden), encoder.word_embeddings.weight, self.mlm_head.bias)
+            return self.mlm_head.logits(hidden, encoder.word_embeddings.weight)
 
         return pseudo_log_likelihood(sequences, self.tokens.special_ids, device, logits, max_tokens)
 

@@ -171,7 +171,7 @@ class SpanBERT(RoBERTa):
         head, weight = self.sbo_head, encoder.word_embeddings.weight
         sbo = masked_tally(
             "sbo",
-            lambda h: torch.nn.functional.linear(head.transform(h), weight, head.bias),
+            lambda h: head.logits(h, weight),
             sbo_inputs,
             sbo_labels,
             torch.full_like(sbo_labels, self.tokens.mask_id),

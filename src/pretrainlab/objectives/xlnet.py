@@ -31,7 +31,6 @@ from functools import partial
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pretrainlab.data.examples import Example
@@ -143,7 +142,7 @@ class XLNet(Objective):
         labels = batch["plm_labels"]
         return masked_tally(
             "plm",
-            lambda h: F.linear(self.lm_head.transform(h), weight, self.lm_head.bias),
+            lambda h: self.lm_head.logits(h, weight),
             self.encode(encoder, batch),
             labels,
             torch.full_like(labels, self.tokens.mask_id),  # a target's own token is never shown to its row
@@ -173,9 +172,7 @@ class XLNet(Objective):
             query_mask=~hidden[:, None, :],
         )
         assert out.queries is not None
-        return F.linear(
-            self.lm_head.transform(out.queries[:, 0]), encoder.word_embeddings.weight, self.lm_head.bias
-        ).float()
+        return self.lm_head.logits(out.queries[:, 0], encoder.word_embeddings.weight).float()
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:
