@@ -195,7 +195,12 @@ def test_a_failed_job_stops_the_study_naming_its_log(tmp_path):
 
 
 def test_ctrl_c_cancels_the_studys_jobs_and_no_others(tmp_path):
-    other = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 600"], capture_output=True, text=True, check=True)
+    other = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/other-%j.out", "--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     other_job = other.stdout.strip().split(";")[0]
     try:
         overrides = [*study(tmp_path, "c", 3000), "objectives=[roberta]", "seeds=[0,1]", "launcher=slurm", *JOB]
