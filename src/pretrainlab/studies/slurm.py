@@ -227,24 +227,27 @@ class SlurmStudy:
         s = self.cfg.slurm
         lines = [f"SLURM jobs of the study {self.cfg.study} ({len(planned)}), each with:"]
         for kind, r in self.resources.items():
-            lines.append(f"  {kind}: {' '.join(self.options(r, kind))}")
+            lines.append(f"  {kind}: {' '.join(self.options(r))}")
         for line in s.get("setup") or []:
             lines.append(f"  setup: {line}")
         return "\n".join(lines)
 
-    def options(self, r: Resources, kind: str) -> list[str]:
-        """The sbatch options of a ``kind`` job, as the study prints them before submitting."""
+    def extra_options(self) -> list[str]:
+        """``slurm.sbatch``'s options, each as ``--key[=value]`` (a leading ``#SBATCH`` dropped)."""
+        return [str(o).removeprefix("#SBATCH").strip() for o in self.cfg.slurm.get("sbatch") or []]
+
+    def options(self, r: Resources) -> list[str]:
+        """The sbatch options of a job with resources ``r``, as the study prints them before submitting."""
         s = self.cfg.slurm
         out = [f"--{k}={s[k]}" for k in ("partition", "account", "qos") if s.get(k)]
-        extra = [str(o).removeprefix("#SBATCH").strip() for o in s.get("sbatch") or []]
-        return [*out, *r.sbatch(), f"--signal=USR2@{int(s.get('signal_s', 120))}", "--requeue", *extra]
+        return [*out, *r.sbatch(), f"--signal=USR2@{int(s.get('signal_s', 120))}", "--requeue", *self.extra_options()]
 
     def executor(self, kind: str, name: str, after: str | None):
         s, r = self.cfg.slurm, self.resources[kind]
         ex = self._submitit.SlurmExecutor(folder=str(self.dir / "logs"), max_num_timeout=1000)
         extra: dict[str, Any] = {"requeue": True}
-        for option in s.get("sbatch") or []:
-            key, _, value = str(option).removeprefix("#SBATCH").strip().lstrip("-").partition("=")
+        for option in self.extra_options():
+            key, _, value = option.lstrip("-").partition("=")
             extra[key.replace("-", "_")] = value or True
         threads = f"export OMP_NUM_THREADS={r.cpus} MKL_NUM_THREADS={r.cpus}"
         ex.update_parameters(
@@ -266,15 +269,9 @@ class SlurmStudy:
 
     def states(self) -> dict[str, str]:
         """Each recorded job's state: DONE (its work finished: its marker), SLURM's state, or LOST."""
-        ids = [str(r["job"]) for r in self.record.values()]
-        slurm = squeue_states(ids)
-        out = {}
-        for name, r in self.record.items():
-            if self.done_marker(name).is_file():
-                out[name] = "DONE"
-            else:
-                out[name] = slurm.get(str(r["job"]), "LOST")
-        return out
+        done = {name for name in self.record if self.done_marker(name).is_file()}
+        slurm = squeue_states([str(r["job"]) for name, r in self.record.items() if name not in done])
+        return {name: "DONE" if name in done else slurm.get(str(r["job"]), "LOST") for name, r in self.record.items()}
 
     def submit(self, planned: list[Planned]) -> list[str]:
         """Submit every job of ``planned`` that is neither done nor on its way; returns their names. A
