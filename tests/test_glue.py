@@ -13,10 +13,10 @@ import torch
 
 from pretrainlab.data.synthetic import SyntheticLanguage
 from pretrainlab.data.world import split_words
-from pretrainlab.glue import metrics
-from pretrainlab.glue.data import GlueDataError, encode, read_local, read_tsv
-from pretrainlab.glue.synthetic import SIZES, SyntheticGlue
-from pretrainlab.glue.tasks import TASKS, get_task
+from pretrainlab.evaluation.glue import metrics
+from pretrainlab.evaluation.glue.data import GlueDataError, encode, read_local, read_tsv
+from pretrainlab.evaluation.glue.synthetic import SIZES, SyntheticGlue
+from pretrainlab.evaluation.glue.tasks import TASKS, get_task
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def _padding(lengths: np.ndarray, order: list[int], batch_size: int) -> float:
 
 
 def test_batches_are_padded_to_their_longest_and_rounded_only_when_asked():
-    from pretrainlab.glue.data import collate
+    from pretrainlab.evaluation.glue.data import collate
 
     items = [(i, np.arange(1, n + 1), np.zeros(n, np.int64), i % 2) for i, n in enumerate([5, 11, 3])]
     batch = collate(items, pad_id=0)
@@ -102,7 +102,7 @@ def test_batches_are_padded_to_their_longest_and_rounded_only_when_asked():
 
 
 def test_length_grouped_batches_carry_little_padding_and_stay_random():
-    from pretrainlab.glue.data import LengthGroupedSampler
+    from pretrainlab.evaluation.glue.data import LengthGroupedSampler
 
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(2.5, 0.6, 5000).astype(int) + 3, 128)  # CoLA-like: mostly short
@@ -288,7 +288,7 @@ def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
 
 
 def test_dev_batches_come_in_order_of_length_and_hold_every_example_once():
-    from pretrainlab.glue.data import EncodedSplit, eval_loader
+    from pretrainlab.evaluation.glue.data import EncodedSplit, eval_loader
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 120, 300)  # CoLA-like: mostly short, some long
@@ -310,7 +310,7 @@ def test_encoding_pairs_segments_and_longest_first_truncation():
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghij"))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    from pretrainlab.glue.data import GlueSplit
+    from pretrainlab.evaluation.glue.data import GlueSplit
     from pretrainlab.tokens import special_tokens
 
     tokens = special_tokens(tok)
@@ -485,8 +485,8 @@ def test_an_unreachable_hub_fails_at_once_with_the_offline_advice(monkeypatch):
     import datasets.config
     import huggingface_hub.constants
 
-    from pretrainlab.glue import data
-    from pretrainlab.glue.tasks import get_task
+    from pretrainlab.evaluation.glue import data
+    from pretrainlab.evaluation.glue.tasks import get_task
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # restored after the test, whatever read_hub sets
         monkeypatch.setenv(name, "0")

@@ -15,7 +15,7 @@ FLOORS = [
     {"runtime", "model", "optim"},
     {"data"},
     {"objectives"},
-    {"export", "glue", "finetuning", "pretraining"},
+    {"export", "pretraining"},
     {"evaluation"},
     {"compare"},
     {"studies"},

@@ -413,7 +413,7 @@ def test_a_pickled_hf_checkpoint_is_refused_with_how_to_convert_it(trained, tmp_
     from safetensors.torch import load_file
 
     from pretrainlab.export.hf import export_hf
-    from pretrainlab.finetuning import load_pretrained
+    from pretrainlab.export.pretrained import load_pretrained
 
     hf = tmp_path / "hf"
     export_hf(trained, hf)
@@ -438,7 +438,7 @@ def test_a_pickled_hf_checkpoint_is_refused_with_how_to_convert_it(trained, tmp_
 def test_an_export_without_its_weights_is_named_as_incomplete(tmp_path):
     """An encoder/ holding its config.json but not its weights once failed on a bare "No such file"."""
     from pretrainlab.export.native import CONFIG
-    from pretrainlab.finetuning import encoder_identity
+    from pretrainlab.export.pretrained import encoder_identity
 
     export = tmp_path / "run" / "encoder"
     export.mkdir(parents=True)
@@ -456,7 +456,7 @@ def test_a_damaged_export_record_is_named_with_its_file(tmp_path, record):
     """An encoder/config.json that is not an export record (not JSON, no encoder block, a wrong field)
     once ended in a bare KeyError or TypeError from deep inside the evaluation."""
     from pretrainlab.export.native import CONFIG, ExportError
-    from pretrainlab.finetuning import encoder_identity
+    from pretrainlab.export.pretrained import encoder_identity
 
     export = tmp_path / "run" / "encoder"
     export.mkdir(parents=True)

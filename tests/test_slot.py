@@ -90,7 +90,7 @@ def shared_layout(root: Path) -> Path:
     from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
     from pretrainlab.evaluation.blimp import SyntheticPairs
     from pretrainlab.evaluation.conll import SyntheticNer
-    from pretrainlab.glue.synthetic import SyntheticGlue
+    from pretrainlab.evaluation.glue.synthetic import SyntheticGlue
 
     corpus = root / "corpus" / "synthetic"
     corpus.mkdir(parents=True)

@@ -243,7 +243,7 @@ def test_a_result_in_the_place_of_another_task_or_seed_is_refused(finished, tmp_
 
 
 def test_results_computed_on_a_data_file_edited_since_are_refused(finished, tmp_path):
-    from pretrainlab.glue.synthetic import SyntheticGlue
+    from pretrainlab.evaluation.glue.synthetic import SyntheticGlue
     from pretrainlab.studies.suite import run_suite
 
     data = SyntheticGlue(scale=0.05).write(tmp_path / "cache")
@@ -552,21 +552,21 @@ def test_a_study_reports_only_the_runs_tasks_and_seeds_it_asks_for(tmp_path):
 
 
 def test_an_encoder_replaced_while_it_is_loaded_is_not_recorded_under_the_old_hash(finished, tmp_path, monkeypatch):
-    import pretrainlab.finetuning as finetuning
+    import pretrainlab.export.pretrained as pretrained
 
     run_dir = copy_of(finished, tmp_path)
     other = tmp_path / "other"
     pretrain(compose_train(*QUICK, "seed=5"), other)
-    original = finetuning.load_encoder
+    original = pretrained.load_encoder
 
     def replaced_meanwhile(path, *a, **k):
         loaded = original(path, *a, **k)
         shutil.copy(other / "encoder" / "encoder.safetensors", run_dir / "encoder" / "encoder.safetensors")
         return loaded
 
-    monkeypatch.setattr(finetuning, "load_encoder", replaced_meanwhile)
+    monkeypatch.setattr(pretrained, "load_encoder", replaced_meanwhile)
     with pytest.raises(RuntimeError, match="changed while it was being loaded"):
-        finetuning.load_pretrained(str(run_dir))
+        pretrained.load_pretrained(str(run_dir))
 
 
 def test_a_study_refuses_results_left_by_an_encoder_that_is_gone_before_pretraining(tmp_path, monkeypatch):

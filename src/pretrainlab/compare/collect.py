@@ -127,7 +127,7 @@ def check_current_encoder(result: dict, path: Path, identities: dict) -> None:
     another encoder (pretrained again); bring its record of the encoder's place in its run's budget
     (``fraction``, ``pretrain_flops``) up to date. A result whose encoder is gone is kept as recorded.
     ``identities`` caches the encoders' identities during one collection."""
-    from pretrainlab.finetuning import encoder_identity
+    from pretrainlab.export.pretrained import encoder_identity
 
     recorded = result.get("pretrained") or {}
     if "encoder_id" not in recorded or str(recorded.get("objective") or "").startswith("hf:"):

@@ -16,7 +16,7 @@ An evaluation owns
 - its data: the local files it reads (``data_files``, the synthetic ones generated first; none from
   the hub) and their digests, which every result records and every finished result is checked against;
 - the work: ``evaluate(cfg, model, fitting)`` fine-tunes the encoder (through ``fitting``, the loop every
-  fine-tuned head shares: ``finetuning``), scores it zero-shot, or probes its frozen features, and
+  fine-tuned head shares: ``evaluation.finetuning``), scores it zero-shot, or probes its frozen features, and
   returns the fields of its results: its metrics, and its trivial baseline's (``no_skill``);
 - its place in a comparison beyond the main table: :meth:`Evaluation.sections` (BLiMP by paradigm,
   the probes layer by layer).
@@ -142,9 +142,9 @@ class Evaluation:
         """Refuse settings it cannot work with, before anything is loaded (ConfigError)."""
 
     def evaluate(self, cfg: DictConfig, model: Any, fitting: Any) -> dict:
-        """Evaluate ``model`` (``finetuning.Pretrained``) as ``cfg`` says; the fields of its
+        """Evaluate ``model`` (``export.pretrained.Pretrained``) as ``cfg`` says; the fields of its
         results, ``metrics`` first. A fine-tuned evaluation trains through ``fitting``
-        (``finetuning.Fitting``)."""
+        (``evaluation.finetuning.Fitting``)."""
         raise NotImplementedError
 
     def contradictions(self, result: dict) -> list[str]:

@@ -389,7 +389,7 @@ def evaluate(
 
 
 def run_task(cfg, model) -> dict:
-    """``task=blimp`` on ``model`` (a ``finetuning.Pretrained``): the objective it was
+    """``task=blimp`` on ``model`` (a ``export.pretrained.Pretrained``): the objective it was
     pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
     seeded), scores every pair. Returns the results' fields."""
 

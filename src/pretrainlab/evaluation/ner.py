@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from pretrainlab.config import plain_or_none
 from pretrainlab.evaluation import conll
 from pretrainlab.evaluation.base import Evaluation
+from pretrainlab.evaluation.finetuning import Fitting, Job
 from pretrainlab.evaluation.tagging import TokenTagger, WordsDataset, collate_words, encode_words, label_set
-from pretrainlab.finetuning import Fitting, Job
 from pretrainlab.runtime.signals import worker_init
 
 log = logging.getLogger("pretrainlab")

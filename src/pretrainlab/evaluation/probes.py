@@ -256,7 +256,7 @@ def probe_all(
 
 # --- the tasks --------------------------------------------------------------------------------------------
 def run_task(cfg, model) -> dict:
-    """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``finetuning.Pretrained``):
+    """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``export.pretrained.Pretrained``):
     features (cached), probes, the results' fields."""
 
     from pretrainlab.runtime.settings import inference_autocast, inference_device
@@ -313,9 +313,9 @@ def run_task(cfg, model) -> dict:
         source, classes, metric = n.source, len(labels), "f1"
         train_n, eval_n = len(splits["train"]), len(gold)
     else:
-        from pretrainlab.glue.data import data_digests, encode, load_task
-        from pretrainlab.glue.metrics import accuracy
-        from pretrainlab.glue.tasks import get_task
+        from pretrainlab.evaluation.glue.data import data_digests, encode, load_task
+        from pretrainlab.evaluation.glue.metrics import accuracy
+        from pretrainlab.evaluation.glue.tasks import get_task
 
         g = cfg.glue
         spec = get_task(cfg.task.name.removeprefix("probe_"))
@@ -450,7 +450,7 @@ class ProbeTask(Evaluation):
     def display(self) -> str:
         if self.reads == "ner":
             return "NER probe"
-        from pretrainlab.glue.tasks import get_task
+        from pretrainlab.evaluation.glue.tasks import get_task
 
         return f"{get_task(self.reads).directory} probe"
 
@@ -474,8 +474,8 @@ class ProbeTask(Evaluation):
 
             root = conll.data_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
             return None if root is None else list(conll.split_files(root).values())
-        from pretrainlab.glue.data import glue_root
-        from pretrainlab.glue.tasks import get_task
+        from pretrainlab.evaluation.glue.data import glue_root
+        from pretrainlab.evaluation.glue.tasks import get_task
 
         spec = get_task(self.reads)
         root = glue_root(block.source, block.data_dir, cfg.cache_dir, synthetic)

@@ -99,7 +99,7 @@ def read_result(path: Path) -> dict:
 
 def check_encoder(result: dict, identity: dict, init: str, path: Path) -> None:
     """Refuse ``result`` (read from ``path``) unless it was computed for the encoder ``identity``
-    (``finetuning.encoder_identity``) describes, with the same ``init``."""
+    (``export.pretrained.encoder_identity``) describes, with the same ``init``."""
     was = result.get("pretrained") or {}
     if was.get("encoder_id") == identity["encoder_id"] and was.get("init") == init:
         return

@@ -6,11 +6,11 @@ at the repository root is the Hydra entry point; the evaluation suite (``studies
 
 ``pretrained`` is a pretraining run directory, an exported encoder directory (``<run>/encoder``)
 or ``hf:<dir>``; ``init=scratch`` keeps its architecture and tokenizer but starts from random
-weights (``finetuning``).
+weights (``export.pretrained``).
 
 What the runner shares: the settings checked before anything loads, the run directory claimed (a
 directory holding another run's results is refused), the encoder loaded, the fine-tuning loop lent
-to a fine-tuned evaluation (``finetuning.Fitting``), a signal's handling, the logger, and the
+to a fine-tuned evaluation (``evaluation.finetuning.Fitting``), a signal's handling, the logger, and the
 result written atomically with what identifies it: the task, seed, encoder (the hash of its
 weights), the resolved config, its score (the evaluation's) and its runtime.
 """
@@ -29,8 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError
 from pretrainlab.evaluation import base
+from pretrainlab.evaluation.finetuning import Fitting
 from pretrainlab.export.native import CONFIG, resolve_export_dir
-from pretrainlab.finetuning import Fitting, Pretrained, load_pretrained
+from pretrainlab.export.pretrained import Pretrained, load_pretrained
 from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command

@@ -49,7 +49,7 @@ from pretrainlab.data.hashing import file_digest, fingerprint
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.data.sources import local_root
 from pretrainlab.evaluation.base import Evaluation
-from pretrainlab.finetuning import Fitting, Job, Trainable
+from pretrainlab.evaluation.finetuning import Fitting, Job, Trainable
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.signals import worker_init

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from pretrainlab.evaluation.conll import Sentence, scores, to_iob2
-from pretrainlab.finetuning import Trainable
+from pretrainlab.evaluation.finetuning import Trainable
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.model.heads import IGNORE
 from pretrainlab.optim import OptimConfig

@@ -31,7 +31,7 @@ from pretrainlab.evaluation import run as evaluation
 from pretrainlab.evaluation.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
-from pretrainlab.finetuning import encoder_identity
+from pretrainlab.export.pretrained import encoder_identity
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
 from pretrainlab.runtime.rundir import lock, unlock

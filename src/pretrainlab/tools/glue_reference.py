@@ -14,7 +14,7 @@ otherwise), trained by a plain loop: AdamW with weight decay on matrices only, t
 rate, warm-up and linear decay (``transformers.get_linear_schedule_with_warmup``), gradient clipping,
 the task's epochs and batch size, shuffled by the seed, in fp32. Both sides see the same tokenized
 examples (pretrainlab's GLUE reader and tokenizer; the exported tokenizer encodes text the same way,
-``tests/test_hf.py``) and are scored after the last epoch by ``pretrainlab.glue.metrics`` (checked
+``tests/test_hf.py``) and are scored after the last epoch by ``pretrainlab.evaluation.glue.metrics`` (checked
 against scikit-learn and scipy in ``tests/test_glue.py``).
 
 ``--reinit-pooler`` re-initialises the reference's pooler (transformers' initialisation) before
@@ -36,12 +36,13 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
+from pretrainlab.evaluation.base import get
 from pretrainlab.evaluation.glue import glue_examples
+from pretrainlab.evaluation.glue.data import EncodedDataset, EncodedSplit, collate
+from pretrainlab.evaluation.glue.metrics import compute
+from pretrainlab.evaluation.glue.tasks import TaskSpec, get_task
 from pretrainlab.export.hf import export_hf
-from pretrainlab.finetuning import load_pretrained
-from pretrainlab.glue.data import EncodedDataset, EncodedSplit, collate
-from pretrainlab.glue.metrics import compute
-from pretrainlab.glue.tasks import TaskSpec, get_task, task_score
+from pretrainlab.export.pretrained import load_pretrained
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.tools.cli import output_dir, reference_parser
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, inputs, hf_dir, seed, args.reinit_pooler
         )
         for side, metrics in sides.items():
-            rows.append({"side": side, "seed": seed, **metrics, "score": task_score(metrics)})
+            rows.append({"side": side, "seed": seed, **metrics, "score": get(spec.name).score(metrics)})
 
     names = [k for k in rows[0] if k not in ("side", "seed")]
     print(f"\n{spec.name}: {args.pretrained}\n")

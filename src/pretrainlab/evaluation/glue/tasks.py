@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 class TaskSpec:
     name: str  # cola, sst2, ...
     directory: str  # CoLA, SST-2, ...: the task's name as GLUE writes it, and its local directory
-    metrics: tuple[str, ...]  # keys of pretrainlab.glue.metrics.METRICS
+    metrics: tuple[str, ...]  # keys of pretrainlab.evaluation.glue.metrics.METRICS
     labels: tuple[str, ...] | None  # label strings in label-id order; None: regression (STS-B)
     text_a: tuple[int, str | None]  # (column index, header name) in the local TSV
     text_b: tuple[int, str | None] | None
@@ -127,16 +127,6 @@ TASKS: dict[str, TaskSpec] = {
         ),
     ]
 }
-
-
-def task_score(metrics: dict[str, float]) -> float:
-    """A task's single number: the mean of its metrics, x 100 (GLUE's convention)."""
-    return 100.0 * sum(metrics.values()) / len(metrics)
-
-
-def display_name(task: str) -> str:
-    """CoLA, SST-2, ...: how GLUE writes a task's name."""
-    return TASKS[task].directory
 
 
 def get_task(name: str) -> TaskSpec:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
 from pretrainlab.data.sources import local_root
-from pretrainlab.glue.tasks import TaskSpec
+from pretrainlab.evaluation.glue.tasks import TaskSpec
 from pretrainlab.runtime.signals import worker_init
 from pretrainlab.tokens import SpecialTokens
 
@@ -162,7 +162,7 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
 def glue_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
     """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into
     ``cache_dir`` first); None for the hub."""
-    from pretrainlab.glue.synthetic import SyntheticGlue
+    from pretrainlab.evaluation.glue.synthetic import SyntheticGlue
 
     return local_root(
         "glue",

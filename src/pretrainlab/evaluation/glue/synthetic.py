@@ -37,7 +37,7 @@ from pretrainlab import atomic
 from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.synthetic import NOUN_NUMBER, PREPOSITIONS, VERB_AGREEMENT, SyntheticLanguage
 from pretrainlab.data.world import Clause, World, render, split_words
-from pretrainlab.glue.tasks import TASKS
+from pretrainlab.evaluation.glue.tasks import TASKS
 
 SUITE_VERSION = 1
 

@@ -1,7 +1,7 @@
 """GLUE's tasks as evaluations: a classifier on the pooled ``[CLS]`` output, fine-tuned with the
 encoder (``conf/task/<task>.yaml``: ``_target_: pretrainlab.evaluation.glue.GlueTask``).
 
-The tasks' files, columns and metrics are ``pretrainlab.glue`` (its readers take the hub, a local
+The tasks' files, columns and metrics are ``pretrainlab.evaluation.glue`` (its readers take the hub, a local
 ``download_glue_data.py`` directory, or the synthetic suite). Classification trains with
 cross-entropy, STS-B (one output) with mean squared error. The dev sets are scored after every epoch
 with the task's metrics over the *whole* dev set (predictions gathered across ranks and de-duplicated
@@ -24,8 +24,8 @@ from torch import nn
 
 from pretrainlab.config import plain_or_none
 from pretrainlab.evaluation.base import Evaluation
-from pretrainlab.finetuning import Fitting, Job, Trainable
-from pretrainlab.glue.data import (
+from pretrainlab.evaluation.finetuning import Fitting, Job, Trainable
+from pretrainlab.evaluation.glue.data import (
     EncodedDataset,
     EncodedSplit,
     LengthGroupedSampler,
@@ -35,8 +35,8 @@ from pretrainlab.glue.data import (
     glue_root,
     load_task,
 )
-from pretrainlab.glue.metrics import compute, no_skill
-from pretrainlab.glue.tasks import TASKS, TaskSpec, get_task
+from pretrainlab.evaluation.glue.metrics import compute, no_skill
+from pretrainlab.evaluation.glue.tasks import TASKS, TaskSpec, get_task
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.signals import worker_init
