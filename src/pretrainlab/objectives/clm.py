@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from pretrainlab.data.examples import Example
-from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, by_length, pad_examples
-from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
+from pretrainlab.objectives.autoregressive import Autoregressive
+from pretrainlab.objectives.base import Batch, by_length, pad_examples
 from pretrainlab.objectives.masked_lm import mlm_head_flops
 from pretrainlab.tokens import SpecialTokens
 
@@ -56,8 +55,10 @@ class CausalCollator:
         return batch
 
 
-class CausalLM(Objective):
+class CausalLM(Autoregressive):
     """Next-token prediction under a causal mask (see the module docstring)."""
+
+    prefix, check_name, where = "clm", "next token", "the next token"
 
     # the head is exported with the encoder's weights only: transformers' nearest class, BertLMHeadModel
     # (is_decoder=True), is not mapped
@@ -67,36 +68,11 @@ class CausalLM(Objective):
         super().__init__(encoder_config, tokens, name)
         self.lm_head = MaskedLMHead.for_encoder(encoder_config)
 
-    def example_builder(self, max_seq_len: int) -> PackedBlocks:
-        return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
-
     def collator(self, length: int | None = None) -> CausalCollator:
         return CausalCollator(self.tokens, length)
 
     def encode(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
         return encoder(batch["input_ids"], None, causal_mask(batch["attention_mask"])).hidden_states
-
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        loss, acc = self.lm_head.loss(self.encode(encoder, batch), encoder.word_embeddings.weight, batch["clm_labels"])
-        return ObjectiveOutput(loss, {"clm_loss": loss.detach(), "clm_acc": acc})
-
-    @torch.no_grad()
-    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
-        weight = encoder.word_embeddings.weight
-        labels = batch["clm_labels"]
-        return masked_tally(
-            "clm",
-            lambda h: self.lm_head.logits(h, weight),
-            self.encode(encoder, batch),
-            labels,
-            torch.full_like(labels, self.tokens.mask_id),  # the next token is never in view
-            self.tokens.mask_id,
-            weight.shape[0],
-        )
-
-    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
-        metrics = masked_metrics("clm", tally, self.token_counts)
-        return metrics, [masked_check("next token", "clm", metrics, where="the next token")]
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:

@@ -34,11 +34,10 @@ import torch
 from torch import nn
 
 from pretrainlab.data.examples import Example
-from pretrainlab.data.packing import PackedBlocks
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
-from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples, pseudo_log_likelihood
-from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
+from pretrainlab.objectives.autoregressive import Autoregressive
+from pretrainlab.objectives.base import Batch, pad_examples, pseudo_log_likelihood
 from pretrainlab.objectives.masked_lm import mlm_head_flops
 from pretrainlab.objectives.masking import max_selected, slot_layout
 from pretrainlab.objectives.permutation import factorisation_order, two_stream_masks
@@ -77,11 +76,12 @@ class PermutationCollator:
         return batch
 
 
-class XLNet(Objective):
+class XLNet(Autoregressive):
     """Permutation language modelling (see the module docstring). ``partial_prediction``: K, the
     targets are the last 1/K of each sequence's (non-special) tokens in its factorisation order."""
 
     hf_head_class = False  # transformers' XLNetLMHeadModel is XLNet's architecture, not this encoder
+    prefix, check_name, where = "plm", "PLM at its targets", "its targets"
 
     def __init__(
         self, encoder_config: EncoderConfig, tokens: SpecialTokens, name: str = "xlnet", partial_prediction: float = 6.0
@@ -101,9 +101,6 @@ class XLNet(Objective):
         return {
             f"objective.partial_prediction={1 / self.predict_fraction:g}": (max_seq_len - 2) * self.predict_fraction
         }
-
-    def example_builder(self, max_seq_len: int) -> PackedBlocks:
-        return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
 
     def collator(self, length: int | None = None) -> PermutationCollator:
         return PermutationCollator(self.tokens, self.predict_fraction, length)
@@ -131,28 +128,6 @@ class XLNet(Objective):
         )
         assert out.queries is not None
         return out.queries
-
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        loss, acc = self.lm_head.loss(self.encode(encoder, batch), encoder.word_embeddings.weight, batch["plm_labels"])
-        return ObjectiveOutput(loss, {"plm_loss": loss.detach(), "plm_acc": acc})
-
-    @torch.no_grad()
-    def tally(self, encoder: Encoder, batch: Batch) -> Tally:
-        weight = encoder.word_embeddings.weight
-        labels = batch["plm_labels"]
-        return masked_tally(
-            "plm",
-            lambda h: self.lm_head.logits(h, weight),
-            self.encode(encoder, batch),
-            labels,
-            torch.full_like(labels, self.tokens.mask_id),  # a target's own token is never shown to its row
-            self.tokens.mask_id,
-            weight.shape[0],
-        )
-
-    def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
-        metrics = masked_metrics("plm", tally, self.token_counts)
-        return metrics, [masked_check("PLM at its targets", "plm", metrics, where="its targets")]
 
     def target_logits(self, encoder: Encoder, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """float32 vocabulary logits (batch, vocab) for the token at ``target`` ((batch,) positions) of
