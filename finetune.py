@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.evaluation.run import run
+    from pretrainlab.evaluation.run import run  # here: --help and --cfg answer without loading torch
 
     run(cfg)
 

@@ -16,7 +16,7 @@ import pretrainlab.runtime.hydra  # noqa: F401  (the resolver --help uses)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from pretrainlab.pretraining.run import run
+    from pretrainlab.pretraining.run import run  # here: --help and --cfg answer without loading torch
 
     run(cfg)
 

@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pretrainlab.studies.ablation import check_arm_names, run_study
+    from pretrainlab.studies.ablation import (  # here: --help and --cfg answer without loading torch
+        check_arm_names,
+        run_study,
+    )
 
     check_arm_names(list(HydraConfig.get().overrides.task))
     run_study(cfg)

@@ -15,7 +15,7 @@ two different encoders that claim the same row and pretraining seed are refused 
 and so are results of one task scored on different numbers of dev examples.
 
 Every score comes with a 95% confidence interval (--ci t: the two-level t interval, right with few
-seeds; --ci bootstrap: a hierarchical bootstrap, for twenty seeds or more; see pretrainlab/stats.py).
+seeds; --ci bootstrap: a hierarchical bootstrap, for twenty seeds or more; see pretrainlab/uncertainty.py).
 --baseline ROW adds every other row minus that one, with its interval and the p-value of a paired test
 over matched seeds; * marks a difference whose interval excludes zero. Results of encoder snapshots
 (a study with snapshots=[...]) add curve.png / curve.csv: the GLUE score against pretraining FLOPs.
@@ -64,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.level < 1:
         parser.error(f"--level {args.level}: expected a number between 0 and 1, e.g. 0.95")
 
-    from pretrainlab.compare import CompareError, collect, to_markdown, write_report
+    from pretrainlab.compare import (  # here: --help answers without loading torch
+        CompareError,
+        collect,
+        to_markdown,
+        write_report,
+    )
     from pretrainlab.runtime.wandb_runs import log_comparison
 
     labels = {}

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(cfg: DictConfig) -> None:
     from pretrainlab.runtime.script import rerun_command
     from pretrainlab.runtime.signals import exit_on_signal
-    from pretrainlab.studies.suite import run_suite
+    from pretrainlab.studies.suite import run_suite  # here: --help and --cfg answer without loading torch
 
     with exit_on_signal("the GLUE suite", rerun_command()):
         run_suite(

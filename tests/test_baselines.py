@@ -10,7 +10,7 @@ import torch
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.model.heads import IGNORE
 from pretrainlab.objectives import learning
-from pretrainlab.pretraining.run import build_objective
+from pretrainlab.pretraining.assembly import build_objective
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, SMALL, compose_train, random_documents
 

@@ -10,7 +10,8 @@ import torch
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.objectives.masking import max_selected
-from pretrainlab.pretraining.run import build_objective, run
+from pretrainlab.pretraining.assembly import build_objective
+from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.hydra import options
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import SMALL, compose_train, random_documents

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
-from pretrainlab.pretraining.run import build_objective
+from pretrainlab.pretraining.assembly import build_objective
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, ROOT, compose_config, compose_train
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pretrainlab.model.encoder import Encoder, EncoderConfig
-from pretrainlab.pretraining.run import build_objective
+from pretrainlab.pretraining.assembly import build_objective
 from pretrainlab.runtime.hydra import options
 from pretrainlab.runtime.rundir import latest_checkpoint
 from pretrainlab.tokens import SpecialTokens

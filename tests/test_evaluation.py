@@ -44,7 +44,7 @@ def test_sentence_scores_equal_a_one_sentence_at_a_time_computation(name):
     from pretrainlab.objectives.clm import CausalLM
     from pretrainlab.objectives.masked_lm import MaskedLM
     from pretrainlab.objectives.xlnet import XLNet
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
 
     vocab = 300
     tokens = SpecialTokens(vocab, 0, 1, 2, 3, 4, np.zeros(vocab, dtype=bool))
@@ -117,7 +117,7 @@ def test_xlnet_scores_a_token_with_nothing_of_it_in_view():
     content rows of the other positions (which, with every position seeing every other, would carry
     it to the query row from the second layer on): the distribution it gives at a position is the
     same whatever token stands there."""
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
 
     vocab = 300
     tokens = SpecialTokens(vocab, 0, 1, 2, 3, 4, np.zeros(vocab, dtype=bool))
@@ -340,6 +340,7 @@ def test_blimp_refuses_empty_missing_repeated_and_malformed_pairs_naming_file_an
 
 def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
     from pretrainlab.evaluation.blimp import load_pairs
+    from pretrainlab.evaluation.data import DataBlock
 
     root = SyntheticPairs(pairs=5).write(tmp_path / "cache")
     copy = tmp_path / "blimp"
@@ -348,7 +349,9 @@ def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
     with pytest.raises(BlimpDataError, match=r"extra.jsonl is not UTF-8: byte 0xe9 at offset \d+ \(line 1\)"):
         read_local(copy)
     with pytest.raises(BlimpDataError, match="blimp.max_pairs=0: null"):
-        load_pairs("local", str(root), tmp_path, None, max_pairs=0)  # scored nothing: accuracy NaN, exit 0
+        load_pairs(
+            DataBlock("blimp", "local", str(root), options={"max_pairs": 0})
+        )  # scored nothing: accuracy NaN, exit 0
 
 
 # --- every evaluation on pretrained encoders ------------------------------------------------------------
@@ -382,7 +385,7 @@ def test_pretrained_encoders_beat_scratch_on_minimal_pairs(encoders, tmp_path):
     """Each objective's own likelihood prefers the grammatical sentence far more often than the same
     architecture from scratch does (~ chance), significantly on the same pairs."""
     from pretrainlab.compare import item_outcomes
-    from pretrainlab.stats import item_difference
+    from pretrainlab.uncertainty import item_difference
 
     for name, run_dir in encoders.items():
         result = evaluate(run_dir, "blimp", tmp_path / name)

@@ -3,6 +3,7 @@
 function (a late import is still an arrow: it runs whenever the function does)."""
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -11,7 +12,7 @@ SRC = ROOT / "src"
 
 # floors, lowest first: a package may import its own floor and those below, never one above
 FLOORS = [
-    {"pretrainlab", "config", "atomic", "tokens", "figures", "stats"},
+    {"pretrainlab", "config", "atomic", "tokens", "figures", "uncertainty"},
     {"runtime", "model", "optim"},
     {"data"},
     {"objectives"},
@@ -84,3 +85,46 @@ def test_no_package_imports_a_higher_floor():
         if _package(a) != "pretrainlab" and _floor(_package(b)) > _floor(_package(a))
     )
     assert not upward, "imports from a lower floor up to a higher one:\n" + "\n".join(upward)
+
+
+def _design_layout() -> dict[str, set[str]]:
+    """docs/design.md's layout: folder of the package ("" for its top) -> the module paths it names there."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("src/pretrainlab/"))
+    named: dict[str, set[str]] = {}
+    folder = None
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break  # back at the repository's top (tests/, experiments/, ...)
+        entry = line[2:28].strip() if not line.startswith(" " * 28) else ""
+        if entry:
+            folder = entry.rstrip("/") if entry.endswith("/") else ""
+            if folder == "":
+                named.setdefault("", set()).add(entry)
+        assert folder is not None
+        if folder:
+            named.setdefault(folder, set())
+            named[folder] |= set(re.findall(r"[\w/]+\.py|\b\w+/(?= \()", line[28:]))
+    return named
+
+
+def test_the_layout_in_docs_design_names_every_module_and_only_modules():
+    package = SRC / "pretrainlab"
+    named = _design_layout()
+    top = {p.name for p in package.glob("*.py")} - {"__init__.py"}
+    assert named[""] == top, f"docs/design.md's layout: top-level modules {sorted(named[''] ^ top)}"
+    folders = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert set(named) - {""} == folders, f"docs/design.md's layout: folders {sorted((set(named) - {''}) ^ folders)}"
+    for folder in folders:
+        modules = {
+            str(p.relative_to(package / folder))
+            for p in (package / folder).rglob("*.py")
+            if p.name != "__init__.py" or p.parent != package / folder
+        }
+        modules = {m.replace("/__init__.py", "/") for m in modules}
+        listed = named[folder]
+        assert listed == modules, (
+            f"docs/design.md's layout of {folder}/: missing {sorted(modules - listed)}, not modules {sorted(listed - modules)}"
+        )

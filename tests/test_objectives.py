@@ -173,7 +173,7 @@ TINY = EncoderConfig(vocab_size=500, hidden_size=32, num_layers=2, num_heads=2, 
 
 
 def build_objective_from(*overrides):
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
 
     tokens = SpecialTokens(500, 0, 1, 2, 3, 4, np.zeros(500, dtype=bool))
     return build_objective(compose_train(*overrides), TINY, tokens)
@@ -366,7 +366,7 @@ def test_every_objective_keeps_the_plugin_contract(name):
 
     from pretrainlab.model.encoder import flops_per_token
     from pretrainlab.objectives.base import BATCH_KEYS, Objective
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
     from tests.conftest import random_documents
 
     tokens = SpecialTokens(500, 0, 1, 2, 3, 4, np.zeros(500, dtype=bool))
@@ -412,7 +412,7 @@ def test_flops_per_token_is_what_a_count_of_the_step_finds(name, schedule):
     and its end (``flops_at``), and their mean over the run is what budgets plan with."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
     from tests.conftest import random_documents
 
     vocab = 2000

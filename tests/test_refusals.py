@@ -65,7 +65,7 @@ def test_the_default_sequences_and_rates_are_not_refused():
     for objective in options("objective"):
         cfg = compose_train(*SMALL, f"objective={objective}", "max_seq_len=8")
         validate(cfg)  # builds the objective and checks its targets at max_seq_len=8
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
 
     cfg = compose_train(*SMALL, "objective=roberta", "objective.mask_rate=0.01")
     encoder_config, _ = validate(compose_train(*SMALL, "objective=roberta"))

@@ -66,16 +66,16 @@ def test_the_device_plan_is_decided_from_the_config_once():
     import torch._inductor
     import torch._inductor.config
 
-    from pretrainlab.runtime.settings import DevicePlan
+    from pretrainlab.runtime.settings import Devices
 
-    plan = DevicePlan.of(compose_train("trainer=cpu", "trainer.devices=2", "compile=false"), 64, 16)
-    assert (plan.world, plan.micro_batch, plan.accumulate) == (2, 16, 2)
-    assert plan.compile is None and not plan.static_shapes
-    assert "64 = 2 device(s) x 16 micro-batch x 2 accumulation" in plan.describe()
-    compiled = DevicePlan.of(compose_train("trainer=cpu", "compile=true", "compile_mode=reduce-overhead"), 32)
+    devices = Devices.of(compose_train("trainer=cpu", "trainer.devices=2", "compile=false"), 64, 16)
+    assert (devices.world, devices.micro_batch, devices.accumulate) == (2, 16, 2)
+    assert devices.compile is None and not devices.static_shapes
+    assert "64 = 2 device(s) x 16 micro-batch x 2 accumulation" in devices.describe()
+    compiled = Devices.of(compose_train("trainer=cpu", "compile=true", "compile_mode=reduce-overhead"), 32)
     assert compiled.compile == {"mode": "reduce-overhead", "dynamic": False} and compiled.static_shapes
     # shapes that vary: dynamic, with the mode's inductor options and the coalescing analysis off
-    varying = DevicePlan.of(compose_train("trainer=cpu", "compile=true", "compile_mode=max-autotune-no-cudagraphs"), 32)
+    varying = Devices.of(compose_train("trainer=cpu", "compile=true", "compile_mode=max-autotune-no-cudagraphs"), 32)
     mode_options = torch._inductor.list_mode_options("max-autotune-no-cudagraphs")
     assert mode_options and not varying.static_shapes
     assert varying.compile == {"dynamic": None, "options": {**mode_options, "triton.coalesce_tiling_analysis": False}}
@@ -83,7 +83,7 @@ def test_the_device_plan_is_decided_from_the_config_once():
     with torch._inductor.config.patch(varying.compile["options"]):  # raises on an option this inductor lacks
         assert torch._inductor.config.triton.coalesce_tiling_analysis is False
     with pytest.raises(ConfigError, match=r"task.batch_size=32 is not divisible by the 3 devices"):
-        DevicePlan.of(
+        Devices.of(
             compose_config("finetune", "pretrained=x", "trainer=cpu", "trainer.devices=3"),
             32,
             setting="task.batch_size",

@@ -245,7 +245,7 @@ def test_a_scheduled_runs_flops_are_each_steps_tokens_at_its_own_cost_and_its_bu
 
     from pretrainlab.model.encoder import EncoderConfig
     from pretrainlab.optim import StepProgress
-    from pretrainlab.pretraining.run import build_objective
+    from pretrainlab.pretraining.assembly import build_objective
     from pretrainlab.runtime.checkpoints import KEY
     from pretrainlab.tokens import SpecialTokens
 

@@ -606,7 +606,7 @@ def test_a_synthetic_evaluation_set_of_another_language_than_the_encoders_is_ref
 
     run_dir = tmp_path / "run"
     pretrain(compose_train(*QUICK, "data.seed=1"), run_dir)
-    monkeypatch.setattr("pretrainlab.evaluation.blimp.run_task", lambda *a, **k: pytest.fail("scored anyway"))
+    monkeypatch.setattr("pretrainlab.evaluation.blimp.Blimp.evaluate", lambda *a, **k: pytest.fail("scored anyway"))
     for task, block in (("blimp", "blimp"), ("probe_ner", "ner"), ("rte", "glue")):
         cfg = compose_config(
             "finetune", f"pretrained={run_dir}", f"task={task}", f"{block}.source=synthetic", "logger=csv"

@@ -5,7 +5,7 @@ nominal rate and no more, and the seeds-needed rule delivers the power it promis
 import numpy as np
 import pytest
 
-from pretrainlab import stats
+from pretrainlab import uncertainty
 
 MU, SD_PT, SD_FT = 60.0, 2.0, 3.0  # a row's true mean, the sd over pretraining and over fine-tuning seeds
 
@@ -27,7 +27,7 @@ def coverage(method: str, encoders: int, seeds: int, trials: int, seed: int = 0)
         offsets = rng.normal(0, SD_PT, encoders)
         # several encoders: the interval is about the objective (any pretraining seed); one: about that encoder
         target = MU if encoders > 1 else MU + offsets[0]
-        lo, hi = stats.summarize(groups(draw(rng, encoders, seeds, offsets=offsets)), method=method, rng=rng).ci
+        lo, hi = uncertainty.summarize(groups(draw(rng, encoders, seeds, offsets=offsets)), method=method, rng=rng).ci
         hits += lo <= target <= hi
     return hits / trials
 
@@ -45,21 +45,21 @@ def test_bootstrap_interval_covers_near_nominal_with_many_seeds():
 
 def test_summary_reports_both_spreads_median_and_a_conditional_interval_for_one_encoder():
     row = {0: [50.0, 52.0, 54.0], 1: [60.0, 62.0, 64.0]}
-    s = stats.summarize(row)
+    s = uncertainty.summarize(row)
     assert s.mean == pytest.approx(57.0) and s.median == pytest.approx(57.0)
     assert s.sd_ft == pytest.approx(2.0) and s.sd_pt == pytest.approx(np.std([52, 62], ddof=1))
     assert s.encoders == 2 and s.n == 6 and not s.conditional
     # two encoder means 52 and 62: t(0.975, 1) = 12.706, se = 5
     assert s.ci == pytest.approx((57 - 12.7062 * 5, 57 + 12.7062 * 5), rel=1e-4)
-    one = stats.summarize({0: [50.0, 52.0, 54.0]})
+    one = uncertainty.summarize({0: [50.0, 52.0, 54.0]})
     assert (
         one.conditional
         and one.sd_pt is None
         and one.ci == pytest.approx((52 - 4.3027 * 2 / 3**0.5, 52 + 4.3027 * 2 / 3**0.5), rel=1e-4)
     )
-    assert stats.summarize({0: [50.0]}).ci is None
+    assert uncertainty.summarize({0: [50.0]}).ci is None
     with pytest.raises(ValueError, match="interval method"):
-        stats.summarize(row, method="jackknife")
+        uncertainty.summarize(row, method="jackknife")
 
 
 def rates(delta: float, encoders: int, seeds: int, trials: int, seed: int = 0) -> tuple[float, float]:
@@ -70,7 +70,7 @@ def rates(delta: float, encoders: int, seeds: int, trials: int, seed: int = 0) -
     flagged = low_p = 0
     offsets = np.zeros(1) if encoders == 1 else None
     for _ in range(trials):
-        d = stats.difference(
+        d = uncertainty.difference(
             draw(rng, encoders, seeds, MU + delta, offsets), draw(rng, encoders, seeds, offsets=offsets)
         )
         flagged += d.significant
@@ -92,7 +92,7 @@ def test_a_planted_difference_is_detected():
     flagged, _ = rates(6.0, 1, 10, 500, seed=2)
     assert flagged >= 0.9
     rng = np.random.default_rng(3)
-    d = stats.difference(draw(rng, 1, 10, MU + 6.0, np.zeros(1)), draw(rng, 1, 10, offsets=np.zeros(1)))
+    d = uncertainty.difference(draw(rng, 1, 10, MU + 6.0, np.zeros(1)), draw(rng, 1, 10, offsets=np.zeros(1)))
     assert d.significant and d.p < 0.01 and d.test == "paired t over seeds" and d.pairs == 10
     assert d.ci[0] < 6.0 < d.ci[1]
 
@@ -102,33 +102,33 @@ def test_one_pretraining_seed_a_row_cannot_tell_objectives_apart_from_seed_luck(
     # luck (sd 2), which a test over fine-tuning seeds does not see; it flags them far above 5%.
     # This is why a row with one encoder is marked conditional.
     rng = np.random.default_rng(6)
-    flagged = sum(stats.difference(draw(rng, 1, 5), draw(rng, 1, 5)).significant for _ in range(1000)) / 1000
+    flagged = sum(uncertainty.difference(draw(rng, 1, 5), draw(rng, 1, 5)).significant for _ in range(1000)) / 1000
     assert flagged > 0.12
-    assert stats.difference(draw(rng, 1, 5), draw(rng, 1, 5)).conditional
+    assert uncertainty.difference(draw(rng, 1, 5), draw(rng, 1, 5)).conditional
 
 
 def test_pairing_by_pretraining_seed_and_the_unpaired_fallback():
     rng = np.random.default_rng(4)
     a, b = draw(rng, 3, 2, MU + 1), draw(rng, 3, 2)
-    d = stats.difference(a, b)
+    d = uncertainty.difference(a, b)
     assert d.test == "paired t over encoders" and d.pairs == 6 and not d.conditional
     means = [np.mean([a[p][f] - b[p][f] for f in range(2)]) for p in range(3)]
     assert d.mean == pytest.approx(np.mean(means))
     # several pretraining seeds against a baseline without any (scratch): no pairing, Welch's t
     scratch = {None: {0: 55.0, 1: 57.0, 2: 56.0}}
-    w = stats.difference(a, scratch)
+    w = uncertainty.difference(a, scratch)
     assert w.test == "Welch t" and w.pairs == 0 and w.p is not None
 
 
 def test_seeds_needed_delivers_the_promised_power():
     sd, delta = SD_FT, 4.0
-    n = stats.seeds_needed(sd, delta)
+    n = uncertainty.seeds_needed(sd, delta)
     assert n == int(np.ceil(2 * (1.959964 + 0.841621) ** 2 * sd**2 / delta**2))
     rng = np.random.default_rng(5)
     found = 0
     trials = 1000
     for _ in range(trials):  # two independent rows (no pairing), n runs each
         a, b = rng.normal(MU + delta, sd, n), rng.normal(MU, sd, n)
-        found += stats.unpaired({0: dict(enumerate(a))}, {0: dict(enumerate(b))}, 0.95).p < 0.05
+        found += uncertainty.unpaired({0: dict(enumerate(a))}, {0: dict(enumerate(b))}, 0.95).p < 0.05
     assert 0.72 <= found / trials <= 0.9  # 80% power by the normal approximation, slightly less with t
-    assert stats.seeds_needed(sd, 2 * delta) < n
+    assert uncertainty.seeds_needed(sd, 2 * delta) < n

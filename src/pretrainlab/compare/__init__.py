@@ -8,7 +8,7 @@ Conventions (also printed under every table):
 - the **GLUE score** of an encoder is the mean of its task scores over the tasks every compared
   encoder has, leaving out WNLI as the BERT paper did (Devlin et al., 2019, Table 1);
 - mean ± std are over seeds (std with ddof=1; 0 for a single seed), with a 95% confidence interval and,
-  against a ``baseline`` row, paired differences and p-values (see ``pretrainlab.stats``);
+  against a ``baseline`` row, paired differences and p-values (see ``pretrainlab.uncertainty``);
 - results of encoder snapshots (``fraction`` < 1) are left out of the table and make :func:`curve`.
 
 Inputs are results files (``experiments/glue.py`` and ``finetune.py`` write them) found under the

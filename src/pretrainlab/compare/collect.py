@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from pretrainlab.evaluation.base import FAMILIES
 from pretrainlab.evaluation.results import (
     LEGACY,
     ResultError,
@@ -23,6 +24,8 @@ from pretrainlab.evaluation.results import (
     read_result,
     settings_of,
 )
+from pretrainlab.export.native import resolve_export_dir
+from pretrainlab.export.pretrained import encoder_identity
 from pretrainlab.runtime.provenance import describe, differences
 from pretrainlab.runtime.wandb_runs import finetune_results
 
@@ -127,8 +130,6 @@ def check_current_encoder(result: dict, path: Path, identities: dict) -> None:
     another encoder (pretrained again); bring its record of the encoder's place in its run's budget
     (``fraction``, ``pretrain_flops``) up to date. A result whose encoder is gone is kept as recorded.
     ``identities`` caches the encoders' identities during one collection."""
-    from pretrainlab.export.pretrained import encoder_identity
-
     recorded = result.get("pretrained") or {}
     if "encoder_id" not in recorded or str(recorded.get("objective") or "").startswith("hf:"):
         return
@@ -159,10 +160,8 @@ def _encoder_dir(recorded: str | None, results_file: Path) -> Path | None:
     """The export directory of a result's encoder: for a suite's results
     (``<run or export>/{glue,eval}*/<task>/seed<k>.json``) the encoder beside them (a copied run directory
     still records the original's path), else where it was recorded."""
-    from pretrainlab.export import resolve_export_dir
-
     candidates = []
-    if len(results_file.parents) > 2 and results_file.parents[1].name.startswith(("glue", "eval")):
+    if len(results_file.parents) > 2 and results_file.parents[1].name.startswith(FAMILIES):
         candidates.append(results_file.parents[2])
     if recorded:
         candidates.append(Path(recorded))

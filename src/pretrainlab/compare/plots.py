@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrainlab import figures, stats
+from pretrainlab import figures, uncertainty
 from pretrainlab.compare.tables import columns
 from pretrainlab.evaluation.base import display_name, known
 
@@ -80,7 +80,7 @@ def plot(table: dict, path: Path) -> Path:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [display_name(g) if known(g) else "GLUE" for g in groups])
     ax.set_ylabel("dev score (x 100)")
-    interval = table.get("interval") or {"level": stats.LEVEL}
+    interval = table.get("interval") or {"level": uncertainty.LEVEL}
     ax.set_title(f"GLUE dev scores: mean and {100 * interval['level']:g}% interval over seeds")
     ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pretrainlab import atomic, stats
+from pretrainlab import atomic, uncertainty
 from pretrainlab.compare.collect import encoder_of, is_final, row_labels
 from pretrainlab.compare.plots import plot, plot_curve
 from pretrainlab.compare.statistics import aggregate, curve
 from pretrainlab.compare.tables import curve_csv, to_csv, to_markdown
-from pretrainlab.evaluation.base import display_name, get
+from pretrainlab.evaluation.base import display_name, section_kinds
 
 
 def write_report(
@@ -20,7 +20,7 @@ def write_report(
     out_dir: str | Path,
     baseline: str | None = None,
     method: str = "t",
-    level: float = stats.LEVEL,
+    level: float = uncertainty.LEVEL,
     preface: str = "",
     learning: dict | None = None,
 ) -> dict:
@@ -37,7 +37,7 @@ def write_report(
     finals = [r for r in results if is_final(r)]
     rows = row_labels(finals)
     sections = []  # what each kind of evaluation adds beyond its column (BLiMP by paradigm, the probes by layer)
-    for kind in dict.fromkeys(type(get(t)) for t in table["tasks"]):
+    for kind in section_kinds(table["tasks"]):
         sections += kind.sections(finals, rows, lambda r: encoder_of(r)["id"], level)
     for section in sections:
         table[section.key] = section.table

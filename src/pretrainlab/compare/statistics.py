@@ -1,7 +1,7 @@
 """The comparison's numbers: per encoder and task, mean and sds over fine-tuning and pretraining
 seeds, the GLUE score, intervals, paired differences against a baseline row with p-values, the
 seeds a difference would need, and GLUE against pretraining FLOPs for snapshots
-(:func:`curve`). The statistics themselves are ``pretrainlab.stats``.
+(:func:`curve`). The statistics themselves are ``pretrainlab.uncertainty``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from pretrainlab import stats
+from pretrainlab import uncertainty
 from pretrainlab.compare.collect import CompareError, as_final, encoder_of, is_final, row_labels
 from pretrainlab.evaluation.base import UnknownEvaluation, get
 
@@ -21,7 +21,7 @@ def two_level(values: dict[str, list[float]]) -> tuple[float, float, float | Non
     (one pretraining seed each): the mean of the encoders' means; the fine-tuning sd pooled within
     encoders (ddof 1; 0 when every encoder has one seed); the sd of the encoders' means (ddof 1;
     None for a single encoder)."""
-    s = stats.summarize(values)
+    s = uncertainty.summarize(values)
     return s.mean, s.sd_ft, s.sd_pt
 
 
@@ -49,25 +49,27 @@ def score_range(tasks: list[str]) -> tuple[float, float]:
     return (sum(lows) / len(lows), 100.0)
 
 
-def bounded_summary(summary: stats.Summary, bounds: tuple[float, float]) -> dict:
+def bounded_summary(summary: uncertainty.Summary, bounds: tuple[float, float]) -> dict:
     """A summary as a dict, its interval cut to the score's range (``cut``: True when it was)."""
     out = summary.to_dict()
-    ci = stats.bounded(out["ci"], bounds)
+    ci = uncertainty.bounded(out["ci"], bounds)
     if ci and tuple(ci) != tuple(out["ci"]):
         out["ci"], out["cut"] = ci, True
     return out
 
 
-def aggregate(results: list[dict], baseline: str | None = None, method: str = "t", level: float = stats.LEVEL) -> dict:
+def aggregate(
+    results: list[dict], baseline: str | None = None, method: str = "t", level: float = uncertainty.LEVEL
+) -> dict:
     """{"labels", "tasks", "cells": {label: {task: {...}}}, "glue": {label: {...}}, "glue_tasks",
     "encoders": {label: [...]}, "interval": {...}, "differences": {label: {task: {...}}},
     "seeds_needed": {task: {...}}}, over the final encoders of ``results`` (snapshots are left to
     :func:`curve`).
 
     A cell's ``metrics`` and ``score`` are (mean, sd over fine-tuning seeds), ``pretrain_sd`` the sd
-    over pretraining seeds (None with one) and ``summary`` the score's :class:`stats.Summary`
+    over pretraining seeds (None with one) and ``summary`` the score's :class:`uncertainty.Summary`
     (median, ``level`` interval by ``method``). With ``baseline`` (a row label), ``differences``
-    holds every other row minus it per task and for the GLUE score (:func:`stats.difference`)."""
+    holds every other row minus it per task and for the GLUE score (:func:`uncertainty.difference`)."""
     results = [r for r in results if is_final(r)]
     if not results:
         raise CompareError("no results of a final encoder (only snapshots): compare a run's own glue/ results too.")
@@ -109,14 +111,14 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 metric_stats[m], pretrain_sd[m] = (mean, sd_ft), sd_pt
             runs = [r for rs in per_encoder.values() for r in rs]
             if runs[0].get("items"):  # zero-shot items (minimal pairs): intervals over items (and encoders)
-                summary = stats.summarize_items(
+                summary = uncertainty.summarize_items(
                     {e: item_outcomes(rs[0]) for e, rs in per_encoder.items()}, level, rng=rng
                 )
                 items[label][task] = {
                     encoders[label][e]["pretrain_seed"]: item_outcomes(rs[0]) for e, rs in per_encoder.items()
                 }
             else:
-                summary = stats.summarize(
+                summary = uncertainty.summarize(
                     {e: [score(r) for r in rs] for e, rs in per_encoder.items()}, level, method, rng
                 )
             pretrain_sd["score"] = summary.sd_pt
@@ -151,7 +153,7 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 per_encoder[e] = list(scores.values())
                 per_seed[encoders[label][e]["pretrain_seed"]] = scores
         if per_encoder:
-            summary = stats.summarize(per_encoder, level, method, rng)
+            summary = uncertainty.summarize(per_encoder, level, method, rng)
             glue[label] = {
                 "score": (summary.mean, summary.sd_ft),
                 "pretrain_sd": summary.sd_pt,
@@ -171,9 +173,9 @@ def aggregate(results: list[dict], baseline: str | None = None, method: str = "t
                 continue
             differences[label] = {
                 t: (
-                    stats.item_difference(items[label][t], items[baseline][t], level, rng=rng)
+                    uncertainty.item_difference(items[label][t], items[baseline][t], level, rng=rng)
                     if t in items[label] and t in items[baseline]
-                    else stats.difference(seeded[label][t], seeded[baseline][t], level, method, rng)
+                    else uncertainty.difference(seeded[label][t], seeded[baseline][t], level, method, rng)
                 ).to_dict()
                 for t in [*tasks, "glue"]
                 if t in seeded[label] and t in seeded[baseline]
@@ -223,12 +225,12 @@ def seeds_needed(cells: dict, labels: list[str], tasks: list[str]) -> dict:
         out[t] = {
             "sd": sd,
             "with_pretraining_sd": bool(pt),
-            "runs": {f"{d:g}": stats.seeds_needed(sd, d) for d in DELTAS},
+            "runs": {f"{d:g}": uncertainty.seeds_needed(sd, d) for d in DELTAS},
         }
     return out
 
 
-def curve(results: list[dict], method: str = "t", level: float = stats.LEVEL, task: str | None = None) -> dict:
+def curve(results: list[dict], method: str = "t", level: float = uncertainty.LEVEL, task: str | None = None) -> dict:
     """The GLUE score (or ``task``'s score) against pretraining FLOPs, one line per row: {row:
     [{"fraction", "flops", "glue", "ci", "encoders"}, ...]} in order of FLOPs ("glue" holds the
     score), a point per fraction of the budget (its FLOPs the mean over the encoders at that point),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 
-from pretrainlab import stats
+from pretrainlab import uncertainty
 from pretrainlab.compare.statistics import DELTAS, score_range
 from pretrainlab.evaluation.base import display_name, get, known
 
@@ -18,7 +18,7 @@ def column_range(table: dict, column: str) -> tuple[float, float]:
 
 
 def _interval(ci, bounds: tuple[float, float] | None = None) -> str:
-    ci = stats.bounded(ci, bounds)
+    ci = uncertainty.bounded(ci, bounds)
     return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
 
 
@@ -26,7 +26,7 @@ def _cut(summary: dict | None, bounds: tuple[float, float]) -> bool:
     ci = (summary or {}).get("ci")
     if (summary or {}).get("cut"):
         return True
-    return ci is not None and len(ci) == 2 and tuple(stats.bounded(ci, bounds) or ()) != tuple(ci)
+    return ci is not None and len(ci) == 2 and tuple(uncertainty.bounded(ci, bounds) or ()) != tuple(ci)
 
 
 def _cell(
@@ -116,7 +116,7 @@ def to_markdown(table: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     seeds = [per_encoder]
     per_row = sorted({len(v) for v in table.get("encoders", {}).values()})
-    interval = table.get("interval") or {"level": stats.LEVEL, "method": "t"}
+    interval = table.get("interval") or {"level": uncertainty.LEVEL, "method": "t"}
     pct = f"{100 * interval['level']:g}%"
     how = {"t": "two-level t interval", "bootstrap": "hierarchical bootstrap"}[interval["method"]]
     pretrain = ""

@@ -11,13 +11,18 @@ An evaluation owns
   results' metrics, in order; the task's score is their mean x 100) and the ``headline`` one, whether
   it trains the encoder (``fine_tuned``: the suite's recipe overrides apply) and whether it is seeded
   (``seeded``: a zero-shot evaluation is deterministic and runs once), the config block of its data
-  settings (``data``), the study entry that asks for it (``group``), where a suite writes its results
-  (``family``), and whether it counts in the GLUE score;
+  settings (``data_block``), the study entry that asks for it (``group``), where a suite writes its
+  results (``family``, one of :data:`FAMILIES`), and whether it counts in the GLUE score;
+- its recipe, as typed constructor arguments (the keys of ``conf/task/<name>.yaml``: learning rate,
+  epochs, sequence length, ...), and its data settings (``data``: a :class:`~pretrainlab.evaluation.data.DataBlock`
+  read from the config when it is made by :func:`of`); it reads no config afterwards;
 - its data: the local files it reads (``data_files``, the synthetic ones generated first; none from
   the hub) and their digests, which every result records and every finished result is checked against;
-- the work: ``evaluate(cfg, model, fitting)`` fine-tunes the encoder (through ``fitting``, the loop every
-  fine-tuned head shares: ``evaluation.finetuning``), scores it zero-shot, or probes its frozen features, and
-  returns the fields of its results: its metrics, and its trivial baseline's (``no_skill``);
+- the work: ``evaluate(run, model, fitting)`` fine-tunes the encoder (through ``fitting``, the loop every
+  fine-tuned head shares: ``evaluation.finetuning``), scores it zero-shot, or probes its frozen features,
+  and returns the fields of its results: its metrics, and its trivial baseline's (``no_skill``);
+  ``run`` (:class:`RunContext`) is what the run gives it beside its recipe: the seed, the encoder's
+  origin, the workers and the device;
 - its place in a comparison beyond the main table: :meth:`Evaluation.sections` (BLiMP by paradigm,
   the probes layer by layer).
 
@@ -33,12 +38,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.config import ConfigError
+from pretrainlab.config import ConfigError, plain
+from pretrainlab.data.hashing import file_digest
+from pretrainlab.evaluation.data import DataBlock
 from pretrainlab.runtime.hydra import CONF
 
 TASKS = CONF / "task"
+
+# where a suite writes an evaluation's results, beside the encoder: <run>/<family>/ (<family>-scratch for
+# init=scratch). GLUE's tasks are ``glue``, every other evaluation ``eval``; the run directory's overwrite
+# (runtime.rundir.RUN_OUTPUTS), a study's cost and the comparison's collector read these folders.
+FAMILIES = ("glue", "eval")
+
+
+def result_dirs() -> tuple[str, ...]:
+    """The folders of a run (or an export) that its evaluation suites write: every family, from the
+    pretrained encoder and from scratch."""
+    return tuple(f"{family}{suffix}" for family in FAMILIES for suffix in ("", "-scratch"))
 
 
 class UnknownEvaluation(ConfigError, KeyError):
@@ -61,19 +81,79 @@ class Section:
     plot: Callable[[Path], object] | None = None
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What one run gives an evaluation beside its recipe and its data: the seed, the encoder it
+    evaluates (``pretrained``, ``init``), data-loader workers, and where and how a task that trains
+    nothing runs (``accelerator``, ``precision``, ``progress``)."""
+
+    seed: int = 0
+    pretrained: str = ""
+    init: str = "pretrained"
+    num_workers: int = 0
+    accelerator: str = "auto"
+    precision: str = "32"
+    progress: bool = True
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunContext:
+        """The context of a composed fine-tuning config."""
+        trainer = cfg.get("trainer") or {}
+        return cls(
+            seed=int(cfg.get("seed", 0)),
+            pretrained=str(cfg.get("pretrained", "")),
+            init=str(cfg.get("init", "pretrained")),
+            num_workers=int(cfg.get("num_workers", 0)),
+            accelerator=str(trainer.get("accelerator", "auto")),
+            precision=str(trainer.get("precision", "32")),
+            progress=bool(trainer.get("enable_progress_bar", True)),
+        )
+
+    def inference_device(self) -> torch.device:
+        """Where a task that trains nothing (zero-shot scoring, feature extraction) runs: the GPU when
+        there is one and the trainer's accelerator allows it, else the CPU."""
+        if torch.cuda.is_available() and self.accelerator in ("auto", "gpu", "cuda"):
+            return torch.device("cuda")
+        return torch.device("cpu")
+
+    def inference_autocast(self, device: torch.device):
+        """bf16 autocast on a GPU when the trainer's precision is bf16, else nothing."""
+        return torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and "bf16" in self.precision
+        )
+
+
 class Evaluation:
     """One evaluation task (see the module docstring). ``name`` and the recipe (learning rate, epochs,
-    sequence length, ...) come from its config; subclasses set the rest."""
+    sequence length, ...) are its config's keys, given to the constructor; ``data`` is its data block.
+    Subclasses set the rest."""
 
     fine_tuned: ClassVar[bool] = True
     seeded: ClassVar[bool] = True
-    family: ClassVar[str] = "eval"  # results go to <run>/<family>/ (<family>-scratch for init=scratch)
+    family: ClassVar[str] = "eval"  # one of FAMILIES
+    data_block: ClassVar[str]  # the block of conf/finetune.yaml that holds its data settings
     in_glue_score: ClassVar[bool] = False
     rank: ClassVar[int] = 50  # where its column stands in tables (GLUE's tasks first)
 
-    def __init__(self, name: str, **recipe: Any):
+    def __init__(self, name: str, max_seq_len: int = 128, data: DataBlock | None = None):
         self.name = name
-        self.recipe = recipe
+        self.max_seq_len = int(max_seq_len)
+        self._data = data
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.family not in FAMILIES:
+            raise TypeError(f"{cls.__name__}.family={cls.family!r}: an evaluation's family is one of {FAMILIES}.")
+
+    @property
+    def data(self) -> DataBlock:
+        """Its data settings (made by :func:`of` from a fine-tuning config)."""
+        if self._data is None:
+            raise ConfigError(
+                f"the evaluation {self.name} was made without its data settings; make it from a fine-tuning config "
+                f"(pretrainlab.evaluation.base.of(cfg)) to read its data."
+            )
+        return self._data
 
     # --- what it is ---------------------------------------------------------------------------------------
     @property
@@ -87,11 +167,6 @@ class Evaluation:
     @property
     def headline(self) -> str:
         return self.metrics[0]
-
-    @property
-    def data(self) -> str:
-        """The config block (of ``conf/finetune.yaml``) that holds its data settings."""
-        raise NotImplementedError
 
     @property
     def group(self) -> str:
@@ -120,17 +195,15 @@ class Evaluation:
         return 100.0 * sum(float(v) for v in metrics.values()) / len(metrics)
 
     # --- its data -----------------------------------------------------------------------------------------
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        """The local files it reads under ``cfg`` (synthetic ones generated into the cache first); None
-        when it reads the Hugging Face hub."""
+    def data_files(self) -> list[Path] | None:
+        """The local files it reads (synthetic ones generated into the cache first); None when it reads
+        the Hugging Face hub."""
         raise NotImplementedError
 
-    def digests(self, cfg: DictConfig) -> dict[str, str] | None:
+    def digests(self) -> dict[str, str] | None:
         """The sha256 of every file it reads (by a name that says which file), without parsing them; None
         from the hub, whose datasets are versioned. A finished result records them."""
-        from pretrainlab.data.hashing import file_digest
-
-        files = self.data_files(cfg)
+        files = self.data_files()
         return None if files is None else {self.file_key(f): file_digest(f) for f in files}
 
     def file_key(self, path: Path) -> str:
@@ -138,12 +211,12 @@ class Evaluation:
         return path.name
 
     # --- the work -----------------------------------------------------------------------------------------
-    def check(self, cfg: DictConfig) -> None:
-        """Refuse settings it cannot work with, before anything is loaded (ConfigError)."""
+    def check(self) -> None:
+        """Refuse a recipe or data settings it cannot work with, before anything is loaded (ConfigError)."""
 
-    def evaluate(self, cfg: DictConfig, model: Any, fitting: Any) -> dict:
-        """Evaluate ``model`` (``export.pretrained.Pretrained``) as ``cfg`` says; the fields of its
-        results, ``metrics`` first. A fine-tuned evaluation trains through ``fitting``
+    def evaluate(self, run: RunContext, model: Any, fitting: Any) -> dict:
+        """Evaluate ``model`` (``export.pretrained.Pretrained``) in ``run``; the fields of its results,
+        ``metrics`` first. A fine-tuned evaluation trains through ``fitting``
         (``evaluation.finetuning.Fitting``)."""
         raise NotImplementedError
 
@@ -170,6 +243,35 @@ class Evaluation:
         return []
 
 
+class Trained(Evaluation):
+    """An evaluation that trains on the encoder's outputs: the encoder with a head (:class:`FineTuned`),
+    or probes on its frozen features. Its recipe adds the optimiser's ``lr`` and ``weight_decay``, the
+    batch size and the epochs."""
+
+    def __init__(
+        self,
+        name: str,
+        lr: float,
+        batch_size: int,
+        epochs: int,
+        max_seq_len: int = 128,
+        weight_decay: float = 0.0,
+        data: DataBlock | None = None,
+    ):
+        super().__init__(name, max_seq_len, data)
+        self.lr, self.weight_decay, self.batch_size, self.epochs = lr, weight_decay, batch_size, epochs
+
+
+class FineTuned(Trained):
+    """An evaluation that fine-tunes the encoder with a head on it (GLUE's tasks, NER, SQuAD): its recipe
+    adds the warmup of AdamW's schedule (``lr``, ``weight_decay`` and ``warmup`` reach AdamW through the
+    config's ``optim`` block) and the head's dropout."""
+
+    def __init__(self, name: str, warmup: float = 0.0, classifier_dropout: float = 0.1, **recipe: Any):
+        super().__init__(name, **recipe)
+        self.warmup, self.classifier_dropout = warmup, classifier_dropout
+
+
 def _same(a: Any, b: Any) -> bool:
     return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(float(a) - float(b)) <= 1e-9
 
@@ -184,29 +286,40 @@ def _key(name: str) -> str:
     return str(name).lower().replace("-", "")
 
 
-def instantiate(node: DictConfig | dict, where: str) -> Evaluation:
-    """The evaluation a task config ``node`` names (its ``_target_``), refusing what is not one."""
-    from hydra.utils import instantiate as hydra_instantiate
-
-    target = dict(node or {}).get("_target_")
+def instantiate(node: DictConfig | dict, where: str, cfg: DictConfig | None = None) -> Evaluation:
+    """The evaluation a task config ``node`` names (its ``_target_``), made with the node's keys as its
+    recipe and, when ``cfg`` (a composed fine-tuning config) is given, with its data block; what is not
+    an evaluation is refused."""
+    recipe = plain(node) if isinstance(node, DictConfig) else dict(node or {})
+    target = recipe.pop("_target_", None)
     if not target:
         raise UnknownEvaluation(
             f"{where} names no evaluation class (_target_); an evaluation's config names its class, e.g. "
             f"_target_: pretrainlab.evaluation.<module>.<Class> (conf/task/*.yaml)."
         )
     try:
-        evaluation = hydra_instantiate(node, _convert_="all")
-    except Exception as e:  # noqa: BLE001 - Hydra wraps import and constructor errors alike
-        classes = sorted({str(cast(DictConfig, OmegaConf.load(p)).get("_target_")) for p in TASKS.glob("*.yaml")})
+        cls = get_class(str(target))
+    except Exception as e:  # noqa: BLE001 - Hydra wraps import errors
         raise UnknownEvaluation(
             f"{where}: _target_ {target!r} cannot be made into an evaluation ({str(e).splitlines()[0][:200]}); the "
-            f"evaluation classes are: {', '.join(classes)}."
+            f"evaluation classes are: {', '.join(_classes())}."
         ) from None
-    if not isinstance(evaluation, Evaluation):
+    if not (isinstance(cls, type) and issubclass(cls, Evaluation)):
         raise UnknownEvaluation(
             f"{where}: {target} is not an evaluation (a subclass of pretrainlab.evaluation.base.Evaluation)."
         )
-    return evaluation
+    if cfg is not None:
+        recipe["data"] = DataBlock.of(cfg.get(cls.data_block), cls.data_block, cfg.get("cache_dir"))
+    try:
+        return cls(**recipe)
+    except TypeError as e:
+        raise UnknownEvaluation(
+            f"{where}: {target} cannot be made from these settings ({e}); the keys of conf/task/*.yaml are its recipe."
+        ) from None
+
+
+def _classes() -> list[str]:
+    return sorted({str(cast(DictConfig, OmegaConf.load(p)).get("_target_")) for p in TASKS.glob("*.yaml")})
 
 
 @functools.cache
@@ -220,11 +333,26 @@ def get(name: str) -> Evaluation:
 
 
 def of(cfg: DictConfig) -> Evaluation:
-    """The evaluation of a fine-tuning config (``cfg.task``, as composed or as a suite set it)."""
+    """The evaluation of a fine-tuning config (``cfg.task``, as composed or as a suite set it), with its
+    recipe and its data block: all it reads of the config."""
     task = cfg.get("task")
     if not task or "name" not in task:
         raise ConfigError("task=<name> is required (conf/task/: " + ", ".join(names()) + ").")
-    return instantiate(task, f"task={task.name}")
+    return instantiate(task, f"task={task.name}", cfg)
+
+
+def with_data(name: str, cfg: DictConfig) -> Evaluation:
+    """The evaluation called ``name`` (the recipe of ``conf/task/<name>.yaml``) with the data block of a
+    composed fine-tuning config ``cfg``: what it would read there."""
+    path = TASKS / f"{get(name).name}.yaml"
+    return instantiate(cast(DictConfig, OmegaConf.load(path)), str(path.relative_to(CONF.parent)), cfg)
+
+
+def section_kinds(tasks: list[str]) -> list[type[Evaluation]]:
+    """The classes whose :meth:`Evaluation.sections` a comparison of ``tasks`` adds, each once: the
+    class that defines them (NER's and SST-2's probes share theirs)."""
+    owners = (next(c for c in type(get(t)).__mro__ if "sections" in vars(c)) for t in tasks)
+    return list(dict.fromkeys(owners))
 
 
 def known(name: str) -> bool:
@@ -265,7 +393,11 @@ def resolve(entries: list[str], glue_tasks: list[str]) -> list[str]:
 
 
 __all__ = [
+    "FAMILIES",
     "Evaluation",
+    "FineTuned",
+    "RunContext",
+    "Trained",
     "Section",
     "UnknownEvaluation",
     "display_name",
@@ -276,4 +408,7 @@ __all__ = [
     "names",
     "of",
     "resolve",
+    "result_dirs",
+    "section_kinds",
+    "with_data",
 ]

@@ -25,20 +25,23 @@ import os
 import random
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from pretrainlab import atomic, stats
-from pretrainlab.config import plain_or_none
-from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab import uncertainty
+from pretrainlab.config import ConfigError
+from pretrainlab.data.hashing import file_digest
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
-from pretrainlab.data.sources import local_root
-from pretrainlab.evaluation.base import Evaluation, Section
+from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
+from pretrainlab.data.world import World, render
+from pretrainlab.evaluation.base import Evaluation, RunContext, Section
+from pretrainlab.evaluation.data import DataBlock, SyntheticSet
+from pretrainlab.export.native import load_objective
 from pretrainlab.tokens import SpecialTokens
 
 log = logging.getLogger("pretrainlab")
@@ -166,7 +169,6 @@ def read_hub(dataset: str = HUB_DATASET) -> list[Pair]:
 
 
 # --- minimal pairs in the synthetic language ------------------------------------------------------------
-SYNTHETIC_VERSION = 2  # 2: a pair drawn twice is kept once
 # paradigm -> (field, phenomenon)
 SYNTHETIC_PARADIGMS = {
     "subject_verb_agreement": ("morphology", "subject_verb_agreement"),
@@ -178,7 +180,7 @@ SYNTHETIC_PARADIGMS = {
 
 
 @dataclass(frozen=True)
-class SyntheticPairs:
+class SyntheticPairs(SyntheticSet):
     """Minimal pairs in the synthetic language (``pretrainlab.data.synthetic``), one file per paradigm:
 
     - subject_verb_agreement: the verb's particle disagrees with its subject (``ta``/``ti``);
@@ -190,18 +192,13 @@ class SyntheticPairs:
 
     Both sentences of a pair have the same number of words."""
 
-    seed: int = 0
+    folder: ClassVar[str] = "blimp-synthetic"
+    version: ClassVar[int] = 2  # 2: a pair drawn twice is kept once
+
     pairs: int = 1000
-    language_seed: int = 0
-    num_topics: int = 8
 
-    def key(self) -> str:
-        return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
-
-    def generate(self) -> dict[str, list[dict]]:
-        from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
-        from pretrainlab.data.world import World, render
-
+    def paradigms(self) -> dict[str, list[dict]]:
+        """Every paradigm's pairs, as BLiMP's files hold them."""
         rng = random.Random(f"blimp-{self.seed}")
         w = World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
         out: dict[str, list[dict]] = {name: [] for name in SYNTHETIC_PARADIGMS}
@@ -251,43 +248,25 @@ class SyntheticPairs:
                 )
         return out
 
-    def write(self, cache_dir: str | Path) -> Path:
-        """The pairs as ``<paradigm>.jsonl`` files in ``<cache_dir>/blimp-synthetic/<key>/`` (written once)."""
-        final = Path(os.path.expanduser(str(cache_dir))) / "blimp-synthetic" / self.key()
-        if final.is_dir():
-            return final
-
-        def build(tmp: Path) -> None:
-            for name, rows in self.generate().items():
-                (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-
-        return atomic.build_dir(final, build, replace=False)
+    def generate(self, into: Path) -> None:
+        """The pairs as ``<paradigm>.jsonl`` files."""
+        for name, rows in self.paradigms().items():
+            (into / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
+def data_root(data: DataBlock) -> Path | None:
     """The local folder the pairs are read from (the synthetic ones are generated into the cache
     first); None for the hub."""
-    return local_root(
-        "blimp",
-        source,
-        data_dir,
-        "folder of the paradigm .jsonl files",
-        lambda: SyntheticPairs(**(synthetic or {})).write(cache_dir),
-    )
+    return data.root(SyntheticPairs, "folder of the paradigm .jsonl files")
 
 
-def load_pairs(
-    source: str,
-    data_dir: str | None,
-    cache_dir: str | Path,
-    synthetic: dict | None = None,
-    max_pairs: int | None = None,
-) -> tuple[list[Pair], dict[str, str] | None]:
-    """The pairs (the first ``max_pairs`` of each paradigm when set) and the sha256 of the files
+def load_pairs(data: DataBlock) -> tuple[list[Pair], dict[str, str] | None]:
+    """The pairs (the first ``blimp.max_pairs`` of each paradigm when set) and the sha256 of the files
     they were read from (None from the hub)."""
+    max_pairs = data.options.get("max_pairs")
     if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1):
         raise BlimpDataError(f"blimp.max_pairs={max_pairs!r}: null (every pair) or a number of pairs of at least 1.")
-    root = data_root(source, data_dir, cache_dir, synthetic)
+    root = data_root(data)
     pairs = read_hub() if root is None else read_local(root)
     digests = None if root is None else {f.name: file_digest(f) for f in sorted(root.glob("*.jsonl"))}
     if max_pairs is not None:
@@ -388,54 +367,10 @@ def evaluate(
     }
 
 
-def run_task(cfg, model) -> dict:
-    """``task=blimp`` on ``model`` (a ``export.pretrained.Pretrained``): the objective it was
-    pretrained with, rebuilt from its export with its weights (``init=scratch``: freshly initialised,
-    seeded), scores every pair. Returns the results' fields."""
-
-    from pretrainlab.config import ConfigError
-    from pretrainlab.export.native import load_objective
-    from pretrainlab.runtime.settings import inference_autocast, inference_device
-
-    if str(cfg.pretrained).startswith("hf:"):
-        raise ConfigError(
-            f"task=blimp scores sentences with the pretraining objective's own heads, and "
-            f"pretrained={cfg.pretrained} is imported without them: evaluate a pretrainlab encoder."
-        )
-    torch.manual_seed(cfg.seed)  # the scratch baseline's heads
-    objective = load_objective(cfg.pretrained, model.encoder, model.tokens, weights=cfg.init != "scratch")
-    b = cfg.blimp
-    synthetic = plain_or_none(b.get("synthetic"))
-    pairs, digests = load_pairs(b.source, b.data_dir, cfg.cache_dir, synthetic, b.get("max_pairs"))
-    device = inference_device(cfg)
-    encoder = model.encoder.to(device)
-    objective.to(device)
-    log.info(
-        "blimp: %d pairs in %d paradigms, scored by %s on %s",
-        len(pairs),
-        len({p.paradigm for p in pairs}),
-        type(objective).__name__,
-        device,
-    )
-    with inference_autocast(cfg, device):
-        out = evaluate(
-            objective,
-            encoder,
-            model.tokenizer,
-            model.tokens,
-            pairs,
-            cfg.task.max_seq_len,
-            cfg.task.get("max_tokens", 8192),
-            progress=bool(cfg.trainer.get("enable_progress_bar", True)),
-        )
-    log.info("blimp: %.1f sentences/s (%.0fs)", out["sentences_per_s"], out["scoring_s"])
-    return {**out, "eval_examples": {"pairs": len(pairs)}, "data": {"source": b.source, "files": digests}}
-
-
 LEVELS = ("field", "phenomenon", "paradigm")
 
 
-def blimp_table(results: list[dict], rows: dict[str, str], encoder_id, level: float = stats.LEVEL) -> dict:
+def blimp_table(results: list[dict], rows: dict[str, str], encoder_id, level: float = uncertainty.LEVEL) -> dict:
     """{level: {group: {row: {"accuracy", "ci", "pairs"}}}} over the BLiMP results (one per encoder);
     ``rows`` maps an encoder id to its row, ``encoder_id(result)`` gives a result's encoder id."""
     by_row: dict[str, list[dict]] = defaultdict(list)
@@ -459,7 +394,7 @@ def blimp_table(results: list[dict], rows: dict[str, str], encoder_id, level: fl
                     i: np.frombuffer("".join(r["items"][u] for u in uids).encode(), dtype=np.uint8) - 48
                     for i, r in enumerate(rs)
                 }
-                s = stats.summarize_items(outcomes, level, samples=1000, rng=rng)
+                s = uncertainty.summarize_items(outcomes, level, samples=1000, rng=rng)
                 out[lv][name][row] = {"accuracy": s.mean, "ci": s.ci, "pairs": len(next(iter(outcomes.values())))}
     return {lv: dict(groups) for lv, groups in out.items()}
 
@@ -494,11 +429,17 @@ def blimp_markdown(table: dict, levels: tuple[str, ...] = LEVELS) -> str:
 
 
 class Blimp(Evaluation):
-    """``task=blimp``: every minimal pair scored by the objective the encoder was pretrained with."""
+    """``task=blimp``: every minimal pair scored by the objective the encoder was pretrained with
+    (``max_tokens``: tokens through the encoder at once)."""
 
     fine_tuned = False
     seeded = False  # deterministic: scored once per encoder
+    data_block = "blimp"
     rank = 80
+
+    def __init__(self, name: str, max_seq_len: int = 128, max_tokens: int = 8192, data: DataBlock | None = None):
+        super().__init__(name, max_seq_len, data)
+        self.max_tokens = max_tokens
 
     @property
     def display(self) -> str:
@@ -508,17 +449,49 @@ class Blimp(Evaluation):
     def metrics(self) -> tuple[str, ...]:
         return ("accuracy",)
 
-    @property
-    def data(self) -> str:
-        return "blimp"
-
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        b = cfg.blimp
-        root = data_root(b.source, b.data_dir, cfg.cache_dir, plain_or_none(b.get("synthetic")))
+    def data_files(self) -> list[Path] | None:
+        root = data_root(self.data)
         return None if root is None else sorted(root.glob("*.jsonl"))
 
-    def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
-        return {**run_task(cfg, model), "no_skill": {"accuracy": 0.5}}
+    def evaluate(self, run: RunContext, model, fitting) -> dict:
+        """Every pair scored with the objective ``model`` (a ``export.pretrained.Pretrained``) was pretrained
+        with, rebuilt from its export with its weights (``init=scratch``: freshly initialised, seeded)."""
+        if run.pretrained.startswith("hf:"):
+            raise ConfigError(
+                f"task=blimp scores sentences with the pretraining objective's own heads, and "
+                f"pretrained={run.pretrained} is imported without them: evaluate a pretrainlab encoder."
+            )
+        torch.manual_seed(run.seed)  # the scratch baseline's heads
+        objective = load_objective(run.pretrained, model.encoder, model.tokens, weights=run.init != "scratch")
+        pairs, digests = load_pairs(self.data)
+        device = run.inference_device()
+        encoder = model.encoder.to(device)
+        objective.to(device)
+        log.info(
+            "blimp: %d pairs in %d paradigms, scored by %s on %s",
+            len(pairs),
+            len({p.paradigm for p in pairs}),
+            type(objective).__name__,
+            device,
+        )
+        with run.inference_autocast(device):
+            out = evaluate(
+                objective,
+                encoder,
+                model.tokenizer,
+                model.tokens,
+                pairs,
+                self.max_seq_len,
+                self.max_tokens,
+                progress=run.progress,
+            )
+        log.info("blimp: %.1f sentences/s (%.0fs)", out["sentences_per_s"], out["scoring_s"])
+        return {
+            **out,
+            "eval_examples": {"pairs": len(pairs)},
+            "data": {"source": self.data.source, "files": digests},
+            "no_skill": {"accuracy": 0.5},
+        }
 
     def contradictions(self, result: dict) -> list[str]:
         items = "".join((result.get("items") or {}).values())
@@ -550,7 +523,6 @@ __all__ = [
     "breakdown",
     "data_root",
     "encode",
-    "run_task",
     "evaluate",
     "load_pairs",
     "read_hub",

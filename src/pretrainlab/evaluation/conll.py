@@ -21,13 +21,15 @@ import json
 import logging
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from pretrainlab import atomic
-from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.data.hashing import file_digest
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
-from pretrainlab.data.sources import local_root
+from pretrainlab.data.synthetic import SyntheticLanguage
+from pretrainlab.data.world import World, split_words
+from pretrainlab.evaluation.data import DataBlock, SyntheticSet
 
 log = logging.getLogger("pretrainlab")
 
@@ -232,26 +234,19 @@ def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Sentence]]:
     }
 
 
-def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
+def data_root(data: DataBlock) -> Path | None:
     """The CoNLL-2003 directory the sentences are read from (the synthetic task is generated into the
     cache first); None for the hub."""
-    return local_root(
-        "ner", source, data_dir, "CoNLL-2003 directory", lambda: SyntheticNer(**(synthetic or {})).write(cache_dir)
-    )
+    return data.root(SyntheticNer, "CoNLL-2003 directory")
 
 
-def load(
-    source: str,
-    data_dir: str | None,
-    cache_dir: str | Path,
-    synthetic: dict | None = None,
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    tag_column: int | None = None,
-) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
-    """Train and dev sentences (the first ``max_train`` / ``max_eval`` when set; the tags from
-    ``tag_column``: :func:`read_conll`) and the sha256 of the files they were read from (None from the hub)."""
-    root = data_root(source, data_dir, cache_dir, synthetic)
+def load(data: DataBlock, max_train: int | None = None) -> tuple[dict[str, list[Sentence]], dict[str, str] | None]:
+    """Train and dev sentences (the first ``max_train_examples`` / ``max_eval_examples`` when set, or
+    ``max_train`` when it keeps fewer; the tags from ``ner.tag_column``: :func:`read_conll`) and the sha256
+    of the files they were read from (None from the hub)."""
+    max_train = min((x for x in (max_train, data.max_train_examples) if x), default=None)
+    max_eval, tag_column = data.max_eval_examples, data.options.get("tag_column")
+    root = data_root(data)
     if root is None:
         splits, digests = read_hub(), None
     else:
@@ -267,11 +262,10 @@ def load(
 TYPES = ("PER", "LOC", "ORG", "MISC")
 # (train, dev) sentences at scale 1
 SIZES = (2000, 400)
-SYNTHETIC_VERSION = 1
 
 
 @dataclass(frozen=True)
-class SyntheticNer:
+class SyntheticNer(SyntheticSet):
     """Entities in the synthetic language: every noun, with its adjective when it has one, is an
     entity whose type is fixed by its topic (topic mod 4: PER, LOC, ORG, MISC); determiners, number
     particles, verbs, stage words and prepositions are outside entities. A tagger must know which
@@ -279,18 +273,13 @@ class SyntheticNer:
     ``unseen_words``, the dev sentences use only nouns no training sentence uses. Written in the
     release's layout (IOB1 tags, -DOCSTART- lines)."""
 
-    seed: int = 0
+    folder: ClassVar[str] = "ner-synthetic"
+    version: ClassVar[int] = 1
+
     scale: float = 1.0
-    language_seed: int = 0
-    num_topics: int = 8
     unseen_words: float = 0.0
 
-    def key(self) -> str:
-        return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
-
     def sentences(self, split: str) -> list[Sentence]:
-        from pretrainlab.data.synthetic import SyntheticLanguage
-        from pretrainlab.data.world import World, split_words
 
         language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
         held = split_words(language, self.unseen_words, self.seed) if self.unseen_words else None
@@ -312,21 +301,15 @@ class SyntheticNer:
             out.append((words + ["."], tags + ["O"]))
         return out
 
-    def write(self, cache_dir: str | Path) -> Path:
-        """``train.txt`` and ``dev.txt`` in ``<cache_dir>/ner-synthetic/<key>/`` (written once)."""
-        final = Path(os.path.expanduser(str(cache_dir))) / "ner-synthetic" / self.key()
-        if final.is_dir():
-            return final
-
-        def build(tmp: Path) -> None:
-            for split, name in (("train", "train.txt"), ("validation", "dev.txt")):
-                lines = ["-DOCSTART- -X- O O", ""]
-                for words, tags in self.sentences(split):
-                    lines += [f"{word} X O {tag}" for word, tag in zip(words, tags)] + [""]
-                (tmp / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-            (tmp / "settings.json").write_text(json.dumps(asdict(self)))
-
-        return atomic.build_dir(final, build, replace=False)
+    def generate(self, into: Path) -> None:
+        """``train.txt`` and ``dev.txt`` in CoNLL-2003's layout, and ``settings.json``."""
+        for split, name in (("train", "train.txt"), ("validation", "dev.txt")):
+            lines = ["-DOCSTART- -X- O O", ""]
+            for words, tags in self.sentences(split):
+                lines += [f"{word} X O {tag}" for word, tag in zip(words, tags)] + [""]
+            (into / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        settings = ("seed", "scale", "language_seed", "num_topics", "unseen_words")
+        (into / "settings.json").write_text(json.dumps({k: getattr(self, k) for k in settings}))
 
 
 __all__ = [

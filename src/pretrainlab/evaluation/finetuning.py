@@ -24,7 +24,7 @@ from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
 from pretrainlab.runtime.script import RunScript, log_interval
-from pretrainlab.runtime.settings import DevicePlan
+from pretrainlab.runtime.settings import Devices
 from pretrainlab.runtime.signals import SaveOnSignal
 
 # --- The trainable ----------------------------------------------------------------------------
@@ -154,7 +154,7 @@ class Job:
 
 
 class Fitting:
-    """The run a fine-tuned evaluation trains in: ``plan`` (devices, batch split, compile) and ``optim``
+    """The run a fine-tuned evaluation trains in: ``devices`` (devices, batch split, compile) and ``optim``
     (AdamW with the task's recipe) for the job's module; ``fit(job)`` trains and evaluates it.
     ``make_logger(eval_examples)``: the run's logger, built once the job knows its dev sets."""
 
@@ -163,13 +163,13 @@ class Fitting:
         cfg: DictConfig,
         script: RunScript,
         name: str,
-        plan: DevicePlan,
+        devices: Devices,
         optim: OptimConfig,
         make_logger: Callable[[dict[str, int]], Any],
         resume_hint: str,
     ):
         self.cfg, self.script, self.name = cfg, script, name
-        self.plan, self.optim = plan, optim
+        self.devices, self.optim = devices, optim
         self.make_logger, self.resume_hint = make_logger, resume_hint
         self.logger: Any = None
         self.stopper: SaveOnSignal | None = None

@@ -12,11 +12,9 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
-from pretrainlab.config import plain_or_none
 from pretrainlab.evaluation import conll
-from pretrainlab.evaluation.base import Evaluation
+from pretrainlab.evaluation.base import FineTuned, RunContext
 from pretrainlab.evaluation.finetuning import Fitting, Job
 from pretrainlab.evaluation.tagging import TokenTagger, WordsDataset, collate_words, encode_words, label_set
 from pretrainlab.runtime.signals import worker_init
@@ -24,9 +22,10 @@ from pretrainlab.runtime.signals import worker_init
 log = logging.getLogger("pretrainlab")
 
 
-class NerTask(Evaluation):
+class NerTask(FineTuned):
     """``task=ner``: CoNLL-2003 (``ner.data_dir``, the hub, or ``ner.source=synthetic``)."""
 
+    data_block = "ner"
     rank = 20
 
     @property
@@ -37,32 +36,17 @@ class NerTask(Evaluation):
     def metrics(self) -> tuple[str, ...]:
         return ("f1",)
 
-    @property
-    def data(self) -> str:
-        return "ner"
-
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        n = cfg.ner
-        root = conll.data_root(n.source, n.data_dir, cfg.cache_dir, plain_or_none(n.get("synthetic")))
+    def data_files(self) -> list[Path] | None:
+        root = conll.data_root(self.data)
         return None if root is None else list(conll.split_files(root).values())
 
-    def evaluate(self, cfg: DictConfig, model, fitting: Fitting) -> dict:
+    def evaluate(self, run: RunContext, model, fitting: Fitting) -> dict:
         t0 = time.time()
-        n = cfg.ner
-        synthetic = plain_or_none(n.get("synthetic"))
-        splits, digests = conll.load(
-            n.source,
-            n.data_dir,
-            cfg.cache_dir,
-            synthetic,
-            n.get("max_train_examples"),
-            n.get("max_eval_examples"),
-            n.get("tag_column"),
-        )
+        splits, digests = conll.load(self.data)
         labels = label_set(splits["train"])
         label_ids = {label: i for i, label in enumerate(labels)}
-        train = encode_words(splits["train"], model.tokenizer, model.tokens, cfg.task.max_seq_len, label_ids)
-        dev = encode_words(splits["validation"], model.tokenizer, model.tokens, cfg.task.max_seq_len)
+        train = encode_words(splits["train"], model.tokenizer, model.tokens, self.max_seq_len, label_ids)
+        dev = encode_words(splits["validation"], model.tokenizer, model.tokens, self.max_seq_len)
         gold = [tags for _, tags in splits["validation"]]
         log.info(
             "ner: %d train sentences (%d pieces), %d dev sentences (%d pieces), %d labels, loaded in %.1fs",
@@ -73,32 +57,32 @@ class NerTask(Evaluation):
             len(labels),
             time.time() - t0,
         )
-        plan = fitting.plan
+        devices = fitting.devices
         pad = model.tokens.pad_id
-        gen = torch.Generator().manual_seed(cfg.seed)
-        multiple = 8 if plan.compile else 1
+        gen = torch.Generator().manual_seed(run.seed)
+        multiple = 8 if devices.compile else 1
         train_loader = torch.utils.data.DataLoader(
             WordsDataset(train),
-            batch_size=plan.micro_batch,
+            batch_size=devices.micro_batch,
             shuffle=True,
             generator=gen,
-            num_workers=cfg.num_workers,
+            num_workers=run.num_workers,
             worker_init_fn=worker_init,
             collate_fn=functools.partial(collate_words, pad_id=pad, multiple=multiple),
         )
         # under DDP every rank's predictions are gathered: one width for all
-        width = cfg.task.max_seq_len if plan.world > 1 else None
+        width = self.max_seq_len if devices.world > 1 else None
         dev_loader = torch.utils.data.DataLoader(
             WordsDataset(dev),
-            batch_size=plan.micro_batch * 2,
+            batch_size=devices.micro_batch * 2,
             sampler=sorted(range(len(dev)), key=lambda i: len(dev.ids[i])),
-            num_workers=cfg.num_workers,
+            num_workers=run.num_workers,
             worker_init_fn=worker_init,
             collate_fn=functools.partial(collate_words, pad_id=pad, length=width, multiple=multiple),
         )
         steps_per_epoch, total = fitting.steps(len(train))
         module = TokenTagger(
-            model.encoder, labels, fitting.optim, total, dev, gold, cfg.task.classifier_dropout, compile=plan.compile
+            model.encoder, labels, fitting.optim, total, dev, gold, self.classifier_dropout, compile=devices.compile
         )
         return fitting.fit(
             Job(
@@ -111,7 +95,7 @@ class NerTask(Evaluation):
                     "train_examples": len(splits["train"]),
                     "labels": labels,
                     "no_skill": {"f1": 0.0},
-                    "data": {"source": n.source, "files": digests},
+                    "data": {"source": self.data.source, "files": digests},
                 },
             )
         )

@@ -23,23 +23,30 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
 from pretrainlab import atomic, figures
-from pretrainlab.config import plain_or_none
 from pretrainlab.data.hashing import fingerprint
-from pretrainlab.evaluation.base import Evaluation, Section, get
+from pretrainlab.evaluation import conll
+from pretrainlab.evaluation.base import RunContext, Section, Trained, get
+from pretrainlab.evaluation.glue.data import encode, glue_root, load_task, task_files
+from pretrainlab.evaluation.glue.metrics import accuracy
+from pretrainlab.evaluation.glue.tasks import get_task
+from pretrainlab.evaluation.tagging import collate_words, encode_words, label_set
 from pretrainlab.model.encoder import Encoder
 
 log = logging.getLogger("pretrainlab")
 
 FEATURES_VERSION = 1
+FEATURE_BATCH = 64  # sentences through the encoder at once
 MIX_LR_SCALE = 30.0  # the scalar mix's weights and scale learn this much faster than the linear layer
 
 
@@ -48,8 +55,6 @@ MIX_LR_SCALE = 30.0  # the scalar mix's weights and scale learn this much faster
 def word_features(encoder: Encoder, encoded, pad_id: int, batch_size: int, device: torch.device) -> np.ndarray:
     """(words, layers + 1, hidden) float16: every layer's output at the first sub-word of each word
     of ``encoded`` (``tagging.EncodedWords``), words in sentence order."""
-    from pretrainlab.evaluation.tagging import collate_words
-
     n_words = sum(encoded.words)
     start_of = np.concatenate([[0], np.cumsum(encoded.words)[:-1]])
     out = None
@@ -223,13 +228,14 @@ def probe_all(
     dev_x: np.ndarray,
     classes: int,
     score,
-    task_cfg,
+    recipe,
     seed: int,
     device: torch.device | str = "cpu",
 ) -> dict:
     """Fit the probes of every layer, the last four and the scalar mix on ``device`` (where the
     features were computed: fitted on one CPU thread, they took half of an encoder's evaluation in a
-    GPU slot); ``score(predictions)`` of each on the dev features. Returns {"probes": {name: score},
+    GPU slot) with ``recipe``'s ``epochs``, ``lr``, ``batch_size`` and ``weight_decay``;
+    ``score(predictions)`` of each on the dev features. Returns {"probes": {name: score},
     "mix_weights": [...]}."""
     mean = train_x.astype(np.float32).mean(0, keepdims=True)
     sd = train_x.astype(np.float32).std(0, keepdims=True) + 1e-6
@@ -244,7 +250,7 @@ def probe_all(
     for name, (layers, mix) in configs.items():
         torch.manual_seed(seed)  # each probe's initial weights as if it were fitted alone
         made[name] = Probe(layers, hidden, classes, mix).to(device)
-    fitted = fit_probes(made, xt, y, task_cfg.epochs, task_cfg.lr, task_cfg.batch_size, task_cfg.weight_decay, seed)
+    fitted = fit_probes(made, xt, y, recipe.epochs, recipe.lr, recipe.batch_size, recipe.weight_decay, seed)
     out: dict = {"probes": {}}
     for name, probe in fitted.items():
         out["probes"][name] = score(predict(probe, xd))
@@ -255,115 +261,18 @@ def probe_all(
 
 
 # --- the tasks --------------------------------------------------------------------------------------------
-def run_task(cfg, model) -> dict:
-    """``task=probe_ner`` or ``task=probe_sst2`` on ``model`` (a ``export.pretrained.Pretrained``):
-    features (cached), probes, the results' fields."""
+@dataclass
+class Probed:
+    """What a probe task reads for its probes: its labels, how a dev prediction is scored, and the
+    features to compute (``compute()``: every layer's, for the train and dev splits)."""
 
-    from pretrainlab.runtime.settings import inference_autocast, inference_device
-
-    t0 = time.time()
-    device = inference_device(cfg)
-    encoder = model.encoder.to(device).eval()
-    identity = {  # everything the features depend on: the weights, the tokenizer (the same weights read other
-        # ids with another one), the task, its data and settings
-        "encoder": model.source.get("encoder_id"),
-        "tokenizer": fingerprint({"tokenizer": model.tokenizer.to_str()}),
-        "init": cfg.init,
-        "seed": cfg.seed if cfg.init == "scratch" else None,
-        "task": cfg.task.name,
-        "max_seq_len": cfg.task.max_seq_len,
-        "max_train": cfg.task.get("max_train_examples"),
-    }
-    batch = 64
-    if cfg.task.name == "probe_ner":
-        from pretrainlab.evaluation import conll
-        from pretrainlab.evaluation.tagging import encode_words, label_set
-
-        n = cfg.ner
-        synthetic = plain_or_none(n.get("synthetic"))
-        max_train = min(x for x in (cfg.task.get("max_train_examples"), n.get("max_train_examples"), 10**12) if x)
-        splits, digests = conll.load(
-            n.source, n.data_dir, cfg.cache_dir, synthetic, max_train, n.get("max_eval_examples"), n.get("tag_column")
-        )
-        labels = label_set(splits["train"])
-        label_ids = {label: i for i, label in enumerate(labels)}
-        train_y = np.asarray([label_ids[t] for _, tags in splits["train"] for t in conll.to_iob2(tags)])
-        gold = [tags for _, tags in splits["validation"]]
-
-        def compute() -> dict[str, np.ndarray]:
-            with inference_autocast(cfg, device):
-                return {
-                    split: word_features(
-                        encoder,
-                        encode_words(splits[split], model.tokenizer, model.tokens, cfg.task.max_seq_len),
-                        model.tokens.pad_id,
-                        batch,
-                        device,
-                    )
-                    for split in ("train", "validation")
-                }
-
-        def score(pred: np.ndarray) -> float:
-            tags, k = [], 0
-            for words, _ in splits["validation"]:
-                tags.append([labels[int(p)] for p in pred[k : k + len(words)]])
-                k += len(words)
-            return conll.scores(gold, tags)["f1"]
-
-        source, classes, metric = n.source, len(labels), "f1"
-        train_n, eval_n = len(splits["train"]), len(gold)
-    else:
-        from pretrainlab.evaluation.glue.data import data_digests, encode, load_task
-        from pretrainlab.evaluation.glue.metrics import accuracy
-        from pretrainlab.evaluation.glue.tasks import get_task
-
-        g = cfg.glue
-        spec = get_task(cfg.task.name.removeprefix("probe_"))
-        synthetic = plain_or_none(g.get("synthetic"))
-        glue_splits = load_task(spec, g.source, g.data_dir, cfg.cache_dir, synthetic)
-        digests = data_digests(spec, g.source, g.data_dir, cfg.cache_dir, synthetic)
-        train = glue_splits["train"].head(cfg.task.get("max_train_examples"))
-        dev = glue_splits["validation"].head(g.get("max_eval_examples"))
-        train_y, dev_y = np.asarray(train.labels), np.asarray(dev.labels)
-        special = set(model.tokens.special_ids)
-
-        def compute() -> dict[str, np.ndarray]:
-            with inference_autocast(cfg, device):
-                return {
-                    name: sentence_features(
-                        encoder,
-                        encode(split, model.tokenizer, model.tokens, cfg.task.max_seq_len).ids,
-                        special,
-                        batch,
-                        device,
-                    )
-                    for name, split in (("train", train), ("validation", dev))
-                }
-
-        def score(pred: np.ndarray) -> float:
-            return accuracy(pred, dev_y)
-
-        source, classes, metric = g.source, spec.num_labels, "accuracy"
-        train_n, eval_n = len(train), len(dev)
-    features = cached(cfg.cache_dir, {**identity, "data": digests or source}, compute)
-    t1 = time.time()
-    out = probe_all(features["train"], train_y, features["validation"], classes, score, cfg.task, cfg.seed, device)
-    log.info(
-        "%s: features %s in %.1fs, %d probes fitted in %.1fs; %s",
-        cfg.task.name,
-        "x".join(map(str, features["train"].shape)),
-        t1 - t0,
-        len(out["probes"]),
-        time.time() - t1,
-        ", ".join(f"{k} {v:.3f}" for k, v in out["probes"].items()),
-    )
-    return {
-        "metrics": {metric: out["probes"]["last4"]},
-        **out,
-        "train_examples": train_n,
-        "eval_examples": {"validation": eval_n},
-        "data": {"source": source, "files": digests},
-    }
+    compute: Callable[[], dict[str, np.ndarray]]
+    train_y: np.ndarray
+    classes: int
+    score: Callable[[np.ndarray], float]
+    digests: dict[str, str] | None
+    train_examples: int
+    eval_examples: int
 
 
 # --- its place in a comparison ----------------------------------------------------------------------------
@@ -433,62 +342,75 @@ def plot_probes(table: dict, path: Path) -> Path:
     return figures.save(fig, path)
 
 
-class ProbeTask(Evaluation):
-    """``task=probe_ner`` (CoNLL-2003's entities, word features) or ``task=probe_sst2`` (GLUE's SST-2,
-    sentence features): linear probes on the frozen encoder's layers; the score is the last four
-    layers' (see the module docstring)."""
+class Probing(Trained):
+    """Linear probes on the frozen encoder's layers (see the module docstring): the features are
+    computed once and cached, the probes fitted with the recipe (``lr``, ``batch_size`` in examples,
+    ``epochs``, ``weight_decay``) on the first ``max_train_examples`` training examples. The score is the
+    last four layers'. A probe task says what it reads (:meth:`probed`)."""
 
     fine_tuned = False
     rank = 90
+    metric: ClassVar[str]
 
-    @property
-    def reads(self) -> str:
-        """Its data: ``ner`` (CoNLL-2003) or a GLUE task's name."""
-        return self.name.removeprefix("probe_")
-
-    @property
-    def display(self) -> str:
-        if self.reads == "ner":
-            return "NER probe"
-        from pretrainlab.evaluation.glue.tasks import get_task
-
-        return f"{get_task(self.reads).directory} probe"
+    def __init__(self, name: str, max_train_examples: int | None = None, **recipe: Any):
+        super().__init__(name, **recipe)
+        self.max_train_examples = max_train_examples
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        return ("f1",) if self.reads == "ner" else ("accuracy",)
-
-    @property
-    def data(self) -> str:
-        return "ner" if self.reads == "ner" else "glue"
+        return (self.metric,)
 
     @property
     def group(self) -> str:
         return "probes"
 
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        block = cfg[self.data]
-        synthetic = plain_or_none(block.get("synthetic"))
-        if self.reads == "ner":
-            from pretrainlab.evaluation import conll
+    def probed(self, run: RunContext, model, encoder: Encoder, device: torch.device) -> Probed:
+        raise NotImplementedError
 
-            root = conll.data_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
-            return None if root is None else list(conll.split_files(root).values())
-        from pretrainlab.evaluation.glue.data import glue_root
-        from pretrainlab.evaluation.glue.tasks import get_task
-
-        spec = get_task(self.reads)
-        root = glue_root(block.source, block.data_dir, cfg.cache_dir, synthetic)
-        if root is None:
-            return None
-        names = ["train.tsv", *(f for f, _ in spec.eval_splits.values())]
-        return [root / spec.directory / n for n in names if (root / spec.directory / n).is_file()]
-
-    def file_key(self, path: Path) -> str:
-        return path.name if self.reads == "ner" else f"{path.parent.name}/{path.name}"
-
-    def evaluate(self, cfg: DictConfig, model, fitting) -> dict:
-        return run_task(cfg, model)
+    def evaluate(self, run: RunContext, model, fitting) -> dict:
+        """Features (cached), probes, the results' fields."""
+        t0 = time.time()
+        device = run.inference_device()
+        encoder = model.encoder.to(device).eval()
+        identity = {  # everything the features depend on: the weights, the tokenizer (the same weights read other
+            # ids with another one), the task, its data and settings
+            "encoder": model.source.get("encoder_id"),
+            "tokenizer": fingerprint({"tokenizer": model.tokenizer.to_str()}),
+            "init": run.init,
+            "seed": run.seed if run.init == "scratch" else None,
+            "task": self.name,
+            "max_seq_len": self.max_seq_len,
+            "max_train": self.max_train_examples,
+        }
+        probed = self.probed(run, model, encoder, device)
+        features = cached(self.data.cache_dir, {**identity, "data": probed.digests or self.data.source}, probed.compute)
+        t1 = time.time()
+        out = probe_all(
+            features["train"],
+            probed.train_y,
+            features["validation"],
+            probed.classes,
+            probed.score,
+            self,
+            run.seed,
+            device,
+        )
+        log.info(
+            "%s: features %s in %.1fs, %d probes fitted in %.1fs; %s",
+            self.name,
+            "x".join(map(str, features["train"].shape)),
+            t1 - t0,
+            len(out["probes"]),
+            time.time() - t1,
+            ", ".join(f"{k} {v:.3f}" for k, v in out["probes"].items()),
+        )
+        return {
+            "metrics": {self.metric: out["probes"]["last4"]},
+            **out,
+            "train_examples": probed.train_examples,
+            "eval_examples": {"validation": probed.eval_examples},
+            "data": {"source": self.data.source, "files": probed.digests},
+        }
 
     def contradictions(self, result: dict) -> list[str]:
         last4 = (result.get("probes") or {}).get("last4")
@@ -509,9 +431,107 @@ class ProbeTask(Evaluation):
         return [Section("probes", table, markdown, markdown, lambda path: plot_probes(table, path))]
 
 
+class NerProbe(Probing):
+    """``task=probe_ner``: CoNLL-2003's entities (``ner:``), from each word's first sub-word's features;
+    entity F1."""
+
+    data_block = "ner"
+    metric = "f1"
+
+    @property
+    def display(self) -> str:
+        return "NER probe"
+
+    def data_files(self) -> list[Path] | None:
+        root = conll.data_root(self.data)
+        return None if root is None else list(conll.split_files(root).values())
+
+    def probed(self, run: RunContext, model, encoder: Encoder, device: torch.device) -> Probed:
+        splits, digests = conll.load(self.data, self.max_train_examples)
+        labels = label_set(splits["train"])
+        label_ids = {label: i for i, label in enumerate(labels)}
+        train_y = np.asarray([label_ids[t] for _, tags in splits["train"] for t in conll.to_iob2(tags)])
+        gold = [tags for _, tags in splits["validation"]]
+
+        def compute() -> dict[str, np.ndarray]:
+            with run.inference_autocast(device):
+                return {
+                    split: word_features(
+                        encoder,
+                        encode_words(splits[split], model.tokenizer, model.tokens, self.max_seq_len),
+                        model.tokens.pad_id,
+                        FEATURE_BATCH,
+                        device,
+                    )
+                    for split in ("train", "validation")
+                }
+
+        def score(pred: np.ndarray) -> float:
+            tags, k = [], 0
+            for words, _ in splits["validation"]:
+                tags.append([labels[int(p)] for p in pred[k : k + len(words)]])
+                k += len(words)
+            return conll.scores(gold, tags)["f1"]
+
+        return Probed(compute, train_y, len(labels), score, digests, len(splits["train"]), len(gold))
+
+
+class SentenceProbe(Probing):
+    """``task=probe_<glue task>`` (``probe_sst2``): a GLUE task's sentences (``glue:``), from the mean of
+    each layer's token features; accuracy."""
+
+    data_block = "glue"
+    metric = "accuracy"
+
+    def __init__(self, name: str, **recipe):
+        super().__init__(name, **recipe)
+        self.spec = get_task(name.removeprefix("probe_"))
+
+    @property
+    def display(self) -> str:
+        return f"{self.spec.directory} probe"
+
+    def data_files(self) -> list[Path] | None:
+        root = glue_root(self.data)
+        return None if root is None else task_files(self.spec, root)
+
+    def file_key(self, path: Path) -> str:
+        return f"{path.parent.name}/{path.name}"
+
+    def probed(self, run: RunContext, model, encoder: Encoder, device: torch.device) -> Probed:
+        splits = load_task(self.spec, self.data)
+        train = splits["train"].head(self.max_train_examples)
+        dev = splits["validation"].head(self.data.max_eval_examples)
+        dev_y = np.asarray(dev.labels)
+        special = set(model.tokens.special_ids)
+
+        def compute() -> dict[str, np.ndarray]:
+            with run.inference_autocast(device):
+                return {
+                    name: sentence_features(
+                        encoder,
+                        encode(split, model.tokenizer, model.tokens, self.max_seq_len).ids,
+                        special,
+                        FEATURE_BATCH,
+                        device,
+                    )
+                    for name, split in (("train", train), ("validation", dev))
+                }
+
+        def score(pred: np.ndarray) -> float:
+            return accuracy(pred, dev_y)
+
+        return Probed(
+            compute, np.asarray(train.labels), self.spec.num_labels, score, self.digests(), len(train), len(dev)
+        )
+
+
 __all__ = [
+    "NerProbe",
     "Probe",
-    "ProbeTask",
+    "Probed",
+    "Probing",
+    "SentenceProbe",
     "cached",
     "fit_probe",
     "fit_probes",
@@ -520,7 +540,6 @@ __all__ = [
     "probe_markdown",
     "probe_table",
     "probe_all",
-    "run_task",
     "sentence_features",
     "word_features",
 ]

@@ -22,18 +22,19 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pretrainlab.evaluation.base import get, known
 from pretrainlab.runtime.provenance import describe, differences
 
 # what a result depends on, beyond the encoder and the seed (trainer, logger and compile settings change
 # how it runs, not what it computes): the task's recipe, the optimizer, and the block of data settings
-# its evaluation reads (``Evaluation.data``: glue, ner, blimp, ...)
+# its evaluation reads (``Evaluation.data_block``: glue, ner, blimp, ...). The class a task config names
+# (``task._target_``) is code, as the rest of the package is: a class renamed computes what it computed.
 RESULT_SETTINGS = ("task", "optim")
+NOT_SETTINGS = ("task._target_",)
 
 
 def settings_groups(task: str) -> tuple[str, ...]:
-    from pretrainlab.evaluation.base import get, known
-
-    return (*RESULT_SETTINGS, get(task).data if known(task) else "glue")
+    return (*RESULT_SETTINGS, get(task).data_block if known(task) else "glue")
 
 
 # settings added since results were first written, with the value that results without them were made with
@@ -86,8 +87,6 @@ def read_result(path: Path) -> dict:
             f"): the fine-tuning run diverged or the file was damaged; a mean over it would be "
             f"meaningless. {AGAIN}"
         )
-    from pretrainlab.evaluation.base import get, known
-
     contradictions = get(d["task"]).contradictions(d) if known(d["task"]) else []
     if contradictions:
         raise ResultError(
@@ -134,7 +133,7 @@ def check_settings(result: dict, now: dict, path: Path) -> None:
     if not was:
         return
     groups = settings_groups(result["task"])
-    changed = [d for group in groups for d in differences(was.get(group), now.get(group), group, LEGACY)]
+    changed = [d for group in groups for d in differences(was.get(group), now.get(group), group, LEGACY, NOT_SETTINGS)]
     if changed:
         raise ResultError(
             f"{path} was fine-tuned with other settings ({describe(changed)}): reporting it beside this "
@@ -172,6 +171,8 @@ def settings_of(result: dict) -> dict[str, Any]:
     for group, block in out.items():
         if group not in RESULT_SETTINGS and isinstance(block, dict):
             out[group] = {k: v for k, v in block.items() if k != "data_dir"}
+        elif group == "task" and isinstance(block, dict):
+            out[group] = {k: v for k, v in block.items() if f"task.{k}" not in NOT_SETTINGS}
     return out
 
 

@@ -35,7 +35,7 @@ from pretrainlab.export.pretrained import Pretrained, load_pretrained
 from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
-from pretrainlab.runtime.settings import DevicePlan, check_finetuning, check_precision
+from pretrainlab.runtime.settings import Devices, check_finetuning, check_precision
 from pretrainlab.runtime.signals import exit_on_signal
 
 log = logging.getLogger("pretrainlab")
@@ -58,12 +58,12 @@ def run(
     evaluation = base.of(cfg)
     check_finetuning(cfg)
     check_precision(cfg)
-    evaluation.check(cfg)
-    check_language(cfg, evaluation)
+    evaluation.check()
+    check_language(str(cfg.pretrained), evaluation)
     fitting = None
     if evaluation.fine_tuned:  # its batch split and optimizer are checked before anything loads
-        plan = DevicePlan.of(cfg, cfg.task.batch_size, setting="task.batch_size")
-        fitting = (plan, instantiate(cfg.optim))
+        devices = Devices.of(cfg, cfg.task.batch_size, setting="task.batch_size")
+        fitting = (devices, instantiate(cfg.optim))
     claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
     try:
         return _run(cfg, script, evaluation, fitting, results_path, resume_hint or rerun_command())
@@ -71,14 +71,13 @@ def run(
         release(run_dir)
 
 
-def check_language(cfg: DictConfig, evaluation: base.Evaluation) -> None:
+def check_language(pretrained: str, evaluation: base.Evaluation) -> None:
     """Refuse a synthetic evaluation set (``<block>.source=synthetic``) in another synthetic language than
     the encoder was pretrained on: its export records the corpus, and a set drawn from another seed (or
     another number of topics) has other words, which the encoder has never seen (a seed-1 encoder scored
     0.49 on seed-0 minimal pairs, where the seed-0 encoder scored 0.67)."""
-    block = cfg.get(evaluation.data) or {}
-    pretrained = str(cfg.get("pretrained"))
-    if block.get("source") != "synthetic" or pretrained.startswith("hf:"):
+    data = evaluation.data
+    if data.source != "synthetic" or pretrained.startswith("hf:"):
         return
     try:
         meta = json.loads((resolve_export_dir(pretrained) / CONFIG).read_text())
@@ -87,17 +86,16 @@ def check_language(cfg: DictConfig, evaluation: base.Evaluation) -> None:
     corpus = ((meta.get("pretraining") or {}).get("config") or {}).get("data") or {}
     if not str(corpus.get("_target_", "")).endswith(".SyntheticCorpus"):
         return
-    synthetic = block.get("synthetic") or {}
-    asked = {"language_seed": synthetic.get("language_seed", 0), "num_topics": synthetic.get("num_topics", 8)}
+    asked = data.synthetic_language
     trained = {"language_seed": corpus.get("seed", 0), "num_topics": corpus.get("num_topics", 8)}
     if asked != trained:
         raise ConfigError(
-            f"{evaluation.data}.source=synthetic draws {evaluation.name}'s data from the synthetic language of "
-            f"{evaluation.data}.synthetic.language_seed={asked['language_seed']} (num_topics={asked['num_topics']}), and "
+            f"{evaluation.data_block}.source=synthetic draws {evaluation.name}'s data from the synthetic language of "
+            f"{evaluation.data_block}.synthetic.language_seed={asked['language_seed']} (num_topics={asked['num_topics']}), and "
             f"{pretrained} was pretrained on the language of data.seed={trained['language_seed']} "
             f"(num_topics={trained['num_topics']}): its words are not the encoder's. Set "
-            f"{evaluation.data}.synthetic.language_seed={trained['language_seed']} "
-            f"{evaluation.data}.synthetic.num_topics={trained['num_topics']}."
+            f"{evaluation.data_block}.synthetic.language_seed={trained['language_seed']} "
+            f"{evaluation.data_block}.synthetic.num_topics={trained['num_topics']}."
         )
 
 
@@ -112,9 +110,9 @@ def _run(
     script.start()
     model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
     max_pos = model.encoder.config.max_position_embeddings
-    if cfg.task.max_seq_len > max_pos:
+    if evaluation.max_seq_len > max_pos:
         raise ConfigError(
-            f"task.max_seq_len={cfg.task.max_seq_len} exceeds the encoder's {max_pos} positions; "
+            f"task.max_seq_len={evaluation.max_seq_len} exceeds the encoder's {max_pos} positions; "
             f"lower task.max_seq_len."
         )
     t0 = time.time()
@@ -125,15 +123,16 @@ def _run(
 
     fitting = None
     if fitting_setup is not None:
-        plan, optim = fitting_setup
-        fitting = Fitting(cfg, script, evaluation.name, plan, optim, make_logger, resume_hint)
+        devices, optim = fitting_setup
+        fitting = Fitting(cfg, script, evaluation.name, devices, optim, make_logger, resume_hint)
+    context = base.RunContext.of(cfg)
     try:
         if fitting is not None:
-            fields = evaluation.evaluate(cfg, model, fitting)
+            fields = evaluation.evaluate(context, model, fitting)
             logger = fitting.logger
         else:  # nothing trains: a signal stops it at once, without results
             with exit_on_signal(f"{evaluation.name} on {model.label}", resume_hint):
-                fields = evaluation.evaluate(cfg, model, None)
+                fields = evaluation.evaluate(context, model, None)
             logger = make_logger(fields.get("eval_examples") or {})
             if logger:
                 logger.log_metrics({f"val/{k}": v for k, v in fields["metrics"].items()})

@@ -28,30 +28,33 @@ import collections
 import functools
 import json
 import logging
-import os
 import random
 import re
 import string
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from torch import nn
 
 from pretrainlab import atomic
-from pretrainlab.config import ConfigError, plain_or_none
-from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.config import ConfigError
+from pretrainlab.data.hashing import file_digest
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
-from pretrainlab.data.sources import local_root
-from pretrainlab.evaluation.base import Evaluation
+from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
+from pretrainlab.data.world import World
+from pretrainlab.evaluation.base import FineTuned, RunContext
+from pretrainlab.evaluation.data import DataBlock, SyntheticSet
 from pretrainlab.evaluation.finetuning import Fitting, Job, Trainable
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
+from pretrainlab.runtime.settings import check, integer, optional_integer
 from pretrainlab.runtime.signals import worker_init
 from pretrainlab.tokens import SpecialTokens
 
@@ -223,28 +226,22 @@ def read_hub(dataset: str = HUB_DATASET) -> dict[str, list[Example]]:
 
 
 # --- questions in the synthetic language -------------------------------------------------------------------
-SYNTHETIC_VERSION = 1
 SIZES = (2000, 400)  # (train, dev) questions at scale 1
 
 
 @dataclass(frozen=True)
-class SyntheticSquad:
+class SyntheticSquad(SyntheticSet):
     """Questions about a short text in the synthetic language: three to six sentences of one topic,
     and a question about one of them, "What does the <subject> <verb>?" (its object is the answer) or
     "Who <verb> <object>?" (its subject is). Within a text no subject and verb (or verb and object)
     come twice, so every question has one answer, which only reading the text finds."""
 
-    seed: int = 0
-    scale: float = 1.0
-    language_seed: int = 0
-    num_topics: int = 8
+    folder: ClassVar[str] = "squad-synthetic"
+    version: ClassVar[int] = 1
 
-    def key(self) -> str:
-        return fingerprint({**asdict(self), "version": SYNTHETIC_VERSION})
+    scale: float = 1.0
 
     def examples(self, split: str) -> list[dict]:
-        from pretrainlab.data.synthetic import NOUN_NUMBER, VERB_AGREEMENT, SyntheticLanguage
-        from pretrainlab.data.world import World
 
         rng = random.Random(f"squad-{self.seed}-{split}")
         w = World(SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics), rng)
@@ -283,40 +280,24 @@ class SyntheticSquad:
             articles.append({"title": f"text {i}", "paragraphs": [{"context": context, "qas": [qa]}]})
         return articles
 
-    def write(self, cache_dir: str | Path) -> Path:
-        """``train-v1.1.json`` and ``dev-v1.1.json`` in ``<cache_dir>/squad-synthetic/<key>/`` (written once)."""
-        final = Path(os.path.expanduser(str(cache_dir))) / "squad-synthetic" / self.key()
-        if final.is_dir():
-            return final
-
-        def build(tmp: Path) -> None:
-            for split, name in (("train", "train-v1.1.json"), ("validation", "dev-v1.1.json")):
-                data = {"version": "1.1", "data": self.examples(split)}
-                (tmp / name).write_text(json.dumps(data), encoding="utf-8")
-
-        return atomic.build_dir(final, build, replace=False)
+    def generate(self, into: Path) -> None:
+        """``train-v1.1.json`` and ``dev-v1.1.json``."""
+        for split, name in (("train", "train-v1.1.json"), ("validation", "dev-v1.1.json")):
+            data = {"version": "1.1", "data": self.examples(split)}
+            (into / name).write_text(json.dumps(data), encoding="utf-8")
 
 
-def data_root(source: str, data_dir: str | None, cache_dir: str | Path, synthetic: dict | None) -> Path | None:
-    return local_root(
-        "squad",
-        source,
-        data_dir,
-        "folder with train-v1.1.json and dev-v1.1.json",
-        lambda: SyntheticSquad(**(synthetic or {})).write(cache_dir),
-    )
+def data_root(data: DataBlock) -> Path | None:
+    """The folder the questions are read from (the synthetic set generated into the cache first); None
+    for the hub."""
+    return data.root(SyntheticSquad, "folder with train-v1.1.json and dev-v1.1.json")
 
 
-def load(
-    source: str,
-    data_dir: str | None,
-    cache_dir: str | Path,
-    synthetic: dict | None = None,
-    max_train: int | None = None,
-    max_eval: int | None = None,
-) -> tuple[dict[str, list[Example]], dict[str, str] | None]:
-    """Training and dev questions (the first ``max_train`` / ``max_eval``) and their files' sha256."""
-    root = data_root(source, data_dir, cache_dir, synthetic)
+def load(data: DataBlock) -> tuple[dict[str, list[Example]], dict[str, str] | None]:
+    """Training and dev questions (the first ``max_train_examples`` / ``max_eval_examples``) and their
+    files' sha256."""
+    max_train, max_eval = data.max_train_examples, data.max_eval_examples
+    root = data_root(data)
     if root is None:
         splits, digests = read_hub(), None
     else:
@@ -328,22 +309,9 @@ def load(
     return splits, digests
 
 
-def load_config(cfg: DictConfig) -> tuple[dict[str, list[Example]], dict[str, str] | None]:
-    """:func:`load` of the questions ``cfg.squad`` names (what ``task=squad`` fine-tunes and scores on)."""
-    s = cfg.squad
-    return load(
-        s.source,
-        s.data_dir,
-        cfg.cache_dir,
-        plain_or_none(s.get("synthetic")),
-        s.get("max_train_examples"),
-        s.get("max_eval_examples"),
-    )
-
-
 # --- windows -------------------------------------------------------------------------------------------------
 @dataclass
-class Windows:
+class ContextWindows:
     """Every window of every question: ``ids`` (``[CLS] question [SEP] context [SEP]``), ``types``
     (segment ids), ``offsets`` (per token, its characters in the context; (-1, -1) outside it),
     ``example`` (the question it is of), ``start``/``end`` (the answer's tokens; 0, ``[CLS]``, when the
@@ -367,7 +335,7 @@ def windows(
     max_seq_len: int,
     doc_stride: int,
     max_query_length: int,
-) -> Windows:
+) -> ContextWindows:
     """Cut every question's context into windows (see the module docstring); the first answer is the
     training label."""
     questions = tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
@@ -406,11 +374,11 @@ def windows(
             if stop >= len(c.ids):
                 break
             start = stop - doc_stride
-    return Windows(ids, types, offsets, np.asarray(example), np.asarray(starts), np.asarray(ends))
+    return ContextWindows(ids, types, offsets, np.asarray(example), np.asarray(starts), np.asarray(ends))
 
 
 class WindowsDataset(torch.utils.data.Dataset):
-    def __init__(self, w: Windows):
+    def __init__(self, w: ContextWindows):
         self.w = w
 
     def __len__(self) -> int:
@@ -438,7 +406,7 @@ def collate(items: list, pad_id: int, multiple: int = 1) -> dict[str, torch.Tens
 
 def best_answers(
     examples: list[Example],
-    w: Windows,
+    w: ContextWindows,
     start_logits: dict[int, np.ndarray],
     end_logits: dict[int, np.ndarray],
     n_best: int,
@@ -473,7 +441,7 @@ class SpanHead(Trainable):
         optim: OptimConfig,
         total_steps: int,
         dev: list[Example],
-        dev_windows: Windows,
+        dev_windows: ContextWindows,
         n_best: int,
         max_answer_length: int,
         compile: dict | None = None,
@@ -509,10 +477,24 @@ class SpanHead(Trainable):
         return scores(self.predictions, self.dev)
 
 
-class SquadTask(Evaluation):
+class SquadTask(FineTuned):
     """``task=squad``: SQuAD v1.1 (``squad.data_dir``, the hub, or ``squad.source=synthetic``)."""
 
+    data_block = "squad"
     rank = 30
+
+    def __init__(
+        self,
+        name: str,
+        doc_stride: int = 128,
+        max_query_length: int = 64,
+        max_answer_length: int = 30,
+        n_best: int = 20,
+        **recipe,
+    ):
+        super().__init__(name, **recipe)
+        self.doc_stride, self.max_query_length = doc_stride, max_query_length
+        self.max_answer_length, self.n_best = max_answer_length, n_best
 
     @property
     def display(self) -> str:
@@ -529,13 +511,7 @@ class SquadTask(Evaluation):
     def metric_label(self, metric: str) -> str:
         return {"exact_match": "EM", "f1": "F1"}[metric]
 
-    @property
-    def data(self) -> str:
-        return "squad"
-
-    def check(self, cfg: DictConfig) -> None:
-        from pretrainlab.runtime.settings import check, integer, optional_integer
-
+    def check(self) -> None:
         rules = {
             "task.doc_stride": integer(1),
             "task.max_query_length": integer(1),
@@ -544,29 +520,34 @@ class SquadTask(Evaluation):
             "squad.max_train_examples": optional_integer(1),
             "squad.max_eval_examples": optional_integer(1),
         }
-        check(cfg, rules, "conf/task/squad.yaml or conf/finetune.yaml (squad:)")
-        if cfg.task.max_query_length + 3 + cfg.task.doc_stride >= cfg.task.max_seq_len:
+        settings = {
+            "task": {k: getattr(self, k) for k in ("doc_stride", "max_query_length", "max_answer_length", "n_best")},
+            "squad": {
+                "max_train_examples": self.data.max_train_examples,
+                "max_eval_examples": self.data.max_eval_examples,
+            },
+        }
+        check(OmegaConf.create(settings), rules, "conf/task/squad.yaml or conf/finetune.yaml (squad:)")
+        if self.max_query_length + 3 + self.doc_stride >= self.max_seq_len:
             raise ConfigError(
-                f"task.max_seq_len={cfg.task.max_seq_len} leaves no context beside task.max_query_length="
-                f"{cfg.task.max_query_length} and task.doc_stride={cfg.task.doc_stride}: raise max_seq_len or lower them."
+                f"task.max_seq_len={self.max_seq_len} leaves no context beside task.max_query_length="
+                f"{self.max_query_length} and task.doc_stride={self.doc_stride}: raise max_seq_len or lower them."
             )
 
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        s = cfg.squad
-        root = data_root(s.source, s.data_dir, cfg.cache_dir, plain_or_none(s.get("synthetic")))
+    def data_files(self) -> list[Path] | None:
+        root = data_root(self.data)
         return None if root is None else list(split_files(root).values())
 
-    def evaluate(self, cfg: DictConfig, model, fitting: Fitting) -> dict:
+    def evaluate(self, run: RunContext, model, fitting: Fitting) -> dict:
         t0 = time.time()
-        s, task = cfg.squad, cfg.task
-        splits, digests = load_config(cfg)
+        splits, digests = load(self.data)
         cut = functools.partial(
             windows,
             tokenizer=model.tokenizer,
             tokens=model.tokens,
-            max_seq_len=task.max_seq_len,
-            doc_stride=task.doc_stride,
-            max_query_length=task.max_query_length,
+            max_seq_len=self.max_seq_len,
+            doc_stride=self.doc_stride,
+            max_query_length=self.max_query_length,
         )
         train, dev = cut(splits["train"]), cut(splits["validation"])
         log.info(
@@ -579,24 +560,24 @@ class SquadTask(Evaluation):
             len(dev),
             time.time() - t0,
         )
-        plan = fitting.plan
+        devices = fitting.devices
         pad = model.tokens.pad_id
-        multiple = 8 if plan.compile else 1
+        multiple = 8 if devices.compile else 1
         batches = functools.partial(collate, pad_id=pad, multiple=multiple)
         train_loader = torch.utils.data.DataLoader(
             WindowsDataset(train),
-            batch_size=plan.micro_batch,
+            batch_size=devices.micro_batch,
             shuffle=True,
-            generator=torch.Generator().manual_seed(cfg.seed),
-            num_workers=cfg.num_workers,
+            generator=torch.Generator().manual_seed(run.seed),
+            num_workers=run.num_workers,
             worker_init_fn=worker_init,
             collate_fn=batches,
         )
         dev_loader = torch.utils.data.DataLoader(
             WindowsDataset(dev),
-            batch_size=plan.micro_batch * 2,
+            batch_size=devices.micro_batch * 2,
             sampler=sorted(range(len(dev)), key=lambda i: len(dev.ids[i])),
-            num_workers=cfg.num_workers,
+            num_workers=run.num_workers,
             worker_init_fn=worker_init,
             collate_fn=batches,
         )
@@ -607,9 +588,9 @@ class SquadTask(Evaluation):
             total,
             splits["validation"],
             dev,
-            task.n_best,
-            task.max_answer_length,
-            compile=plan.compile,
+            self.n_best,
+            self.max_answer_length,
+            compile=devices.compile,
         )
         fields = fitting.fit(
             Job(
@@ -622,7 +603,7 @@ class SquadTask(Evaluation):
                     "train_examples": len(splits["train"]),
                     "windows": {"train": len(train), "validation": len(dev)},
                     "no_skill": {"exact_match": 0.0, "f1": 0.0},
-                    "data": {"source": s.source, "files": digests},
+                    "data": {"source": self.data.source, "files": digests},
                 },
             )
         )
@@ -638,7 +619,7 @@ __all__ = [
     "SquadDataError",
     "SquadTask",
     "SyntheticSquad",
-    "Windows",
+    "ContextWindows",
     "best_answers",
     "exact_match",
     "f1",

@@ -27,7 +27,9 @@ from tokenizers import Tokenizer
 
 from pretrainlab import atomic
 from pretrainlab.data.hashing import file_digest
+from pretrainlab.data.tokenizer import load_tokenizer
 from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.runtime.checkpoints import read
 from pretrainlab.tokens import SpecialTokens, with_template
 
 CONFIG, WEIGHTS, TOKENIZER, OBJECTIVE = "config.json", "encoder.safetensors", "tokenizer.json", "objective.safetensors"
@@ -124,7 +126,6 @@ def resolve_export_dir(path: str | Path) -> Path:
 
 def load_encoder(path: str | Path, map_location: str = "cpu") -> tuple[Encoder, Tokenizer, dict]:
     """(encoder, tokenizer, metadata) from an export directory or a run directory."""
-    from pretrainlab.data.tokenizer import load_tokenizer
 
     p = resolve_export_dir(path)
     try:
@@ -178,7 +179,6 @@ def load_objective(path: str | Path, encoder: Encoder, tokens: SpecialTokens, we
     if (p / OBJECTIVE).is_file():
         objective.load_state_dict(load_file(str(p / OBJECTIVE)))
         return objective
-    from pretrainlab.runtime.checkpoints import read
 
     ckpt = p.parent / "checkpoints" / "last.ckpt"
     if ckpt.is_file():

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pretrainlab.config import ConfigError
 from pretrainlab.data.examples import Example, ExampleBuilder
 from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
 from pretrainlab.objectives.learning import HeadCheck, Tally
@@ -193,7 +194,6 @@ MIN_TARGETS = 0.5  # prediction targets a sequence must hold on average (8 token
 def check_targets(objective: Objective, max_seq_len: int) -> None:
     """Refuses settings under which a sequence of ``max_seq_len`` tokens holds less than
     :data:`MIN_TARGETS` prediction targets on average (:meth:`Objective.targets_per_sequence`), naming the setting."""
-    from pretrainlab.config import ConfigError
 
     for setting, targets in objective.targets_per_sequence(max_seq_len).items():
         if targets < MIN_TARGETS:
@@ -209,8 +209,6 @@ def loss_weight(name: str, value: float, objective: str) -> float:
     """A weight of one of an objective's losses, checked: a finite number >= 0 (0 turns that loss off;
     a negative weight would make training maximise it)."""
     import math
-
-    from pretrainlab.config import ConfigError
 
     try:
         weight = float(value)

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives import learning
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.optim import Budget, OptimConfig, StepProgress
+from pretrainlab.pretraining.assembly import build_encoder
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
 from pretrainlab.runtime.script import log_interval
@@ -83,9 +84,7 @@ class PretrainModule(L.LightningModule):
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite must be stop or skip, got {on_nonfinite!r}.")
         self.seed, self.on_nonfinite = seed, on_nonfinite
-        self.encoder = Encoder(encoder_config)
-        if self.encoder.pooler is not None and not objective.uses_pooler:
-            self.encoder.pooler.requires_grad_(False)  # no gradient reaches it; DDP needs every trained one to
+        self.encoder = build_encoder(encoder_config, objective)
         self.objective = objective
         self.optim = optim
         self.flops_per_token = float(flops_per_token)
@@ -133,7 +132,7 @@ class PretrainModule(L.LightningModule):
 
     # --- counters --------------------------------------------------------------------------------
     @property
-    def tokens(self) -> float:
+    def tokens_trained(self) -> float:
         """Training tokens so far (all ranks)."""
         return self._tokens
 

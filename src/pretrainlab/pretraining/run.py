@@ -12,8 +12,8 @@ Exports and their provenance: ``snapshots.EncoderExport``; stopping on a signal:
 from __future__ import annotations
 
 import logging
-import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.data.datamodule import PretrainDataModule
@@ -29,6 +29,7 @@ from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective, check_targets
 from pretrainlab.optim import Budget, StepProgress
+from pretrainlab.pretraining.assembly import Model, build_encoder_config, build_objective
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
 from pretrainlab.pretraining.record import identity
@@ -42,18 +43,18 @@ from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.provenance import code_history
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
 from pretrainlab.runtime.script import RunScript
-from pretrainlab.runtime.settings import DevicePlan, check_precision, check_pretraining, refuse_multirun_ddp
+from pretrainlab.runtime.settings import Devices, check_precision, check_pretraining, refuse_multirun_ddp
 from pretrainlab.runtime.signals import SaveOnSignal, StepCheckpoint
 from pretrainlab.tokens import SpecialTokens, special_tokens
 
 log = logging.getLogger("pretrainlab")
 
 
-def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
+def validate(cfg: DictConfig) -> tuple[EncoderConfig, Devices]:
     """Refuse settings that cannot work, before anything expensive happens. Builds the model and
     the objective once on the meta device (no memory), so that every one of their settings is
     checked by their own constructors; returns the encoder config (its vocabulary size provisional)
-    and the device plan (devices, batch split, compile settings), decided here once for the run."""
+    and the device devices (devices, batch split, compile settings), decided here once for the run."""
     check_pretraining(cfg)
     try:
         check_fractions(cfg.get("snapshots"))
@@ -67,7 +68,7 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
             f"max_seq_len={cfg.max_seq_len} exceeds model.max_position_embeddings={max_pos}: the model has no "
             f"position embedding beyond {max_pos}. Lower max_seq_len or raise model.max_position_embeddings."
         )
-    plan = DevicePlan.of(cfg, cfg.batch_size, cfg.get("device_batch_size"))
+    devices = Devices.of(cfg, cfg.batch_size, cfg.get("device_batch_size"))
     instantiate(cfg.optim)
     encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
     placeholder = SpecialTokens(
@@ -77,7 +78,7 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, DevicePlan]:
         objective = build_objective(cfg, encoder_config, placeholder)
     check_schedule(cfg, objective)
     check_targets(objective, int(cfg.max_seq_len))
-    return encoder_config, plan
+    return encoder_config, devices
 
 
 def resume_command(run_dir: Path) -> str:
@@ -98,39 +99,6 @@ def build_data(cfg: DictConfig) -> tuple[PretrainData, SpecialTokens]:
     tokenizer_spec = instantiate(cfg.tokenizer)
     data = PretrainData(instantiate(cfg.data), tokenizer_spec, cfg.cache_dir, cfg.val_fraction, cfg.split_seed)
     return data, special_tokens(data.tokenizer, tokenizer_spec.special_tokens)
-
-
-def build_encoder_config(cfg: DictConfig, vocab_size: int) -> EncoderConfig:
-    model_vocab = cfg.model.get("vocab_size")
-    if model_vocab is not None and model_vocab != vocab_size:
-        raise ConfigError(
-            f"the tokenizer has {vocab_size} tokens but model.vocab_size={model_vocab}. Set model.vocab_size=null "
-            f"to size the embeddings from the tokenizer, or use a tokenizer with {model_vocab} tokens "
-            f"(tokenizer.vocab_size={model_vocab} if the corpus has enough distinct words)."
-        )
-    return instantiate(cfg.model, vocab_size=vocab_size)
-
-
-def build_objective(cfg: DictConfig, encoder_config: EncoderConfig, tokens: SpecialTokens) -> Objective:
-    """The objective plugin named by ``cfg.objective._target_``. Late objects (encoder config,
-    special tokens) go in through a partial, so Hydra passes them as they are."""
-    try:
-        return instantiate(cfg.objective, _partial_=True)(encoder_config=encoder_config, tokens=tokens)
-    except TypeError as e:
-        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        if not unexpected:
-            raise
-        key, name = unexpected.group(1), cfg.objective.get("name", cfg.objective.get("_target_"))
-        having = [
-            o
-            for o in hydra.options("objective")
-            if key in (OmegaConf.load(hydra.CONF / "objective" / f"{o}.yaml") or {})
-        ]
-        raise ConfigError(
-            f"objective.{key} is not a setting of objective={name} (conf/objective/{name}.yaml lists its settings); "
-            + (f"objective.{key} belongs to {', '.join(having)}." if having else f"no objective has {key}.")
-            + f" Drop objective.{key} from the command line, or choose an objective that has it."
-        ) from None
 
 
 def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_token: float) -> Budget:
@@ -206,18 +174,18 @@ def check_same_schedule(recorded: dict | None, progress: StepProgress, objective
     )
 
 
-def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, plan: DevicePlan) -> PretrainDataModule:
+def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, devices: Devices) -> PretrainDataModule:
     """The objective's examples of ``data`` (built, or read from the cache) and its batches, split
-    by the device plan; the objective learns the training split's token counts (the masked LMs'
+    by the devices; the objective learns the training split's token counts (the masked LMs'
     unigram baselines, objectives/learning.py)."""
     datamodule = PretrainDataModule(
         data,
         objective.example_builder(cfg.max_seq_len),
-        objective.collator(cfg.max_seq_len if plan.static_shapes else None),
-        plan.micro_batch,
+        objective.collator(cfg.max_seq_len if devices.static_shapes else None),
+        devices.micro_batch,
         cfg.seed,
         num_workers=cfg.num_workers,
-        accumulate=plan.accumulate,
+        accumulate=devices.accumulate,
     )
     datamodule.prepare()
     store = datamodule.train_store
@@ -230,7 +198,7 @@ def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, 
 
 
 def build_trainer(
-    cfg: DictConfig, script: RunScript, plan: DevicePlan, module: PretrainModule, callbacks: list, logger: Any
+    cfg: DictConfig, script: RunScript, devices: Devices, module: PretrainModule, callbacks: list, logger: Any
 ) -> L.Trainer:
     """The Trainer of ``cfg.trainer`` with the run's callbacks: step checkpoints every
     ``checkpoint_every`` steps (and ``last.ckpt``), validation every ``val_every`` steps, and
@@ -260,7 +228,7 @@ def build_trainer(
         check_val_every_n_epoch=None,
         gradient_clip_val=module.optim.grad_clip,
         use_distributed_sampler=False,
-        accumulate_grad_batches=plan.accumulate,
+        accumulate_grad_batches=devices.accumulate,
     )
 
 
@@ -277,20 +245,70 @@ def run(
     after a signal stops it (a study's own command); by default the ``train.py`` command."""
     script = RunScript.of(cfg, run_dir, choices)
     run_dir = script.dir
-    provisional, plan = validate(cfg)
+    provisional, devices = validate(cfg)
     resume_from = checkpoint_to_resume(cfg.ckpt_path, run_dir)
     claim(run_dir, resume_from, overwrite=bool(cfg.get("overwrite", False)))
     try:
-        return _run(cfg, script, provisional, plan, resume_from, resume_hint or resume_command(run_dir))
+        return _run(cfg, script, provisional, devices, resume_from, resume_hint or resume_command(run_dir))
     finally:
         release(run_dir)
+
+
+@dataclass
+class Assembly:
+    """A pretraining run as :func:`assemble` builds it, in order: corpus and tokenizer (``data``, ``tokens``)
+    -> encoder config and objective (``model``) -> examples and batches (``datamodule``) -> budget ->
+    schedule (``progress``, a scheduled objective's) -> the LightningModule. ``info`` is what its checkpoints
+    record of the run."""
+
+    data: PretrainData
+    tokens: SpecialTokens
+    data_id: dict
+    model: Model
+    datamodule: PretrainDataModule
+    flops_per_token: float
+    budget: Budget
+    progress: StepProgress | None
+    module: PretrainModule
+    info: dict
+
+
+def assemble(
+    cfg: DictConfig, devices: Devices, resume_from: Path | None = None, budget: Budget | None = None
+) -> Assembly:
+    """Build the run ``cfg`` describes on ``devices``: the one place a pretraining run is put
+    together (training, and the slot's calibration, which times the run it will train). ``resume_from``:
+    the checkpoint it continues, refused before the examples are built when it is another run's (or was
+    scheduled over other steps); ``budget``: how long it trains (None: the config's budget, sized with
+    the examples)."""
+    data, tokens = build_data(cfg)
+    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    data_id = identity(data.corpus_key, data.tokenizer_spec)
+    info = run_info(plain(cfg.objective), encoder_config.to_dict(), data_id)
+    recorded: dict = {}
+    if resume_from is not None:
+        recorded = check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}
+    info["software"] = code_history(recorded.get("software"))  # the code it was trained with, over every resumption
+    model = Model(encoder_config, build_objective(cfg, encoder_config, tokens))
+    objective = model.objective
+    log.info("%s", devices.describe())
+    datamodule = build_datamodule(cfg, data, objective, devices)
+    flops_per_token = float(objective.mean_flops_per_token(encoder_config, cfg.max_seq_len))
+    budget = budget if budget is not None else build_budget(cfg, datamodule, flops_per_token)
+    progress = build_schedule(objective, budget)
+    if progress is not None:
+        check_same_schedule(recorded.get("schedule"), progress, objective.name, resume_from)
+        info["schedule"] = {"planned_steps": progress.planned_steps}
+    datamodule.progress = progress
+    module = build_module(cfg, encoder_config, objective, budget, flops_per_token, info, devices, progress)
+    return Assembly(data, tokens, data_id, model, datamodule, flops_per_token, budget, progress, module, info)
 
 
 def _run(
     cfg: DictConfig,
     script: RunScript,
     provisional: EncoderConfig,
-    plan: DevicePlan,
+    devices: Devices,
     resume_from: Path | None,
     resume_hint: str,
 ) -> dict[str, Any]:
@@ -301,48 +319,31 @@ def _run(
     script.start()
 
     # corpus -> tokenizer -> encoder config -> objective -> examples -> budget -> module
-    data, special = build_data(cfg)
-    encoder_config = build_encoder_config(cfg, special.vocab_size)
-    data_id = identity(data.corpus_key, data.tokenizer_spec)
-    info = run_info(objective_cfg, encoder_config.to_dict(), data_id)
-    recorded: dict = {}
-    if resume_from is not None:
-        recorded = check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}
-    info["software"] = code_history(recorded.get("software"))  # the code it was trained with, over every resumption
-    objective = build_objective(cfg, encoder_config, special)
-    log.info("%s", plan.describe())
-    datamodule = build_datamodule(cfg, data, objective, plan)
-    flops_per_token = float(objective.mean_flops_per_token(encoder_config, cfg.max_seq_len))
-    budget = build_budget(cfg, datamodule, flops_per_token)
-    progress = build_schedule(objective, budget)
-    if progress is not None:
-        check_same_schedule(recorded.get("schedule"), progress, objective.name, resume_from)
-        info["schedule"] = {"planned_steps": progress.planned_steps}
-    datamodule.progress = progress
+    built = assemble(cfg, devices, resume_from)
     if resume_from is not None and not is_secondary_rank():
-        relabel_snapshots(run_dir, budget)  # taken under another budget: renamed to their place in this one
-    module = build_module(cfg, encoder_config, objective, budget, flops_per_token, info, plan, progress)
+        relabel_snapshots(run_dir, built.budget)  # taken under another budget: renamed to their place in this one
+    module = built.module
 
     # trainer -> train -> final checkpoint -> export -> what it learned
     script.save_config()
     logger = script.build_logger(resume=resume_from is not None)
     export = EncoderExport(
-        data.tokenizer,
-        special,
+        built.data.tokenizer,
+        built.tokens,
         run_dir,
-        budget,
+        built.budget,
         script.choices,
         plain(cfg),
-        data_id,
+        built.data_id,
     )
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt", resume_hint)
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, export)
-    trainer = build_trainer(cfg, script, plan, module, [StepTimer(), stopper, snapshots], logger)
+    trainer = build_trainer(cfg, script, devices, module, [StepTimer(), stopper, snapshots], logger)
     try:
         stopper.fit(
             trainer,
             module,
-            datamodule=datamodule,
+            datamodule=built.datamodule,
             ckpt_path=None if resume_from is None else str(resume_from),
             weights_only=True,
         )
@@ -364,7 +365,7 @@ def build_module(
     budget: Budget,
     flops_per_token: float,
     info: dict,
-    plan: DevicePlan,
+    devices: Devices,
     progress: StepProgress | None = None,
 ) -> PretrainModule:
     """The encoder and the objective in one LightningModule, optimised as ``cfg.optim`` says;
@@ -378,7 +379,7 @@ def build_module(
         seed=cfg.seed,
         on_nonfinite=cfg.get("on_nonfinite", "stop"),
         run_info=info,
-        compile=plan.compile,
+        compile=devices.compile,
         progress=progress,
         seq_len=cfg.max_seq_len,
     )
@@ -410,7 +411,7 @@ def finish(
             wandb_runs.log_encoder_artifact(logger, out, module.objective.name)
     result["learning"] = [c.to_dict() for c in module.learning_checks]
     if trainer.is_global_zero:
-        log.info("%s", summary_line(result, module.tokens, run_dir))
+        log.info("%s", summary_line(result, module.tokens_trained, run_dir))
         report_learning(module.objective.name, module.learning_checks, module.learning_states)
     return result
 

@@ -160,7 +160,7 @@ class EncoderExport:
             "run_dir": str(self.run_dir.resolve()),
             "global_step": module.global_step,
             "fraction": fraction,
-            "tokens_seen": module.tokens,
+            "tokens_seen": module.tokens_trained,
             "flops": module.flops,
             "seconds": module.seconds,
             "budget": {"kind": self.budget.kind, "total": self.budget.total},

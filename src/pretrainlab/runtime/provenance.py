@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pretrainlab
+
 # pretraining settings that do not change the encoder a run produces (beyond numerical noise):
 # trainer settings, logging, workers, compilation, how often it validates and saves, where caches live
 PRETRAINING_HOW = (
@@ -66,10 +68,8 @@ def software() -> dict[str, Any]:
     """The code a run is made with: pretrainlab's version and, when it runs from a git checkout, the
     commit and whether tracked files differ from it (``dirty``); torch's, Lightning's and Python's
     versions. Recorded in checkpoints and exports, so a published number can be traced to its code."""
-    import lightning
+    import lightning  # lazily: reading a record needs neither (start-up time)
     import torch
-
-    import pretrainlab
 
     here = Path(pretrainlab.__file__).resolve().parent
     commit, dirty = None, None

@@ -4,7 +4,7 @@
   :class:`~pretrainlab.config.ConfigError` naming the setting, its value, what it must be, and where
   it is set (``check_pretraining``, ``check_finetuning``, ``check`` for an evaluation's own);
 - the devices: how many processes a trainer config runs, how the global batch splits over them
-  (``DevicePlan``: micro-batch, accumulation, compile options, static shapes), the device settings
+  (``Devices``: micro-batch, accumulation, compile options, static shapes), the device settings
   that cannot work (``check_precision``, ``refuse_multirun_ddp``), where a task that trains nothing
   runs, and the process's float32 matmul precision (``set_matmul_precision``).
 """
@@ -224,8 +224,8 @@ def static_shapes(cfg: DictConfig) -> bool:
 
 
 @dataclass(frozen=True)
-class DevicePlan:
-    """Where and how a run trains, decided once from its config (``DevicePlan.of``, where the
+class Devices:
+    """Where and how a run trains, decided once from its config (``Devices.of``, where the
     config is checked) and handed to everything that needs it: the number of processes, how the
     global batch splits over them, and the compile settings.
 
@@ -241,9 +241,9 @@ class DevicePlan:
     @classmethod
     def of(
         cls, cfg: DictConfig, batch_size: int, device_batch_size: int | None = None, setting: str = "batch_size"
-    ) -> DevicePlan:
-        """The plan for ``cfg.trainer`` and ``cfg.compile``/``compile_mode``/``static_shapes``, with a
-        global batch of ``batch_size`` (ConfigError naming ``setting`` where it does not split over
+    ) -> Devices:
+        """The devices, batch split and compile settings of ``cfg.trainer`` and
+        ``cfg.compile``/``compile_mode``/``static_shapes``, with a global batch of ``batch_size`` (ConfigError naming ``setting`` where it does not split over
         the devices)."""
         world = world_size(cfg)
         micro, accumulate = batch_split(batch_size, world, device_batch_size, setting)
@@ -314,23 +314,8 @@ def refuse_multirun_ddp(cfg: DictConfig) -> None:
         )
 
 
-def inference_device(cfg: DictConfig) -> torch.device:
-    """Where a task that trains nothing (zero-shot scoring, feature extraction) runs: the GPU when
-    there is one and the trainer config allows it, else the CPU."""
-    accelerator = str(cfg.trainer.get("accelerator", "auto")) if cfg.get("trainer") else "auto"
-    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def inference_autocast(cfg: DictConfig, device: torch.device):
-    """bf16 autocast on a GPU when the trainer's precision is bf16, else nothing."""
-    precision = str(cfg.trainer.get("precision", "32")) if cfg.get("trainer") else "32"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and "bf16" in precision)
-
-
 __all__ = [
-    "DevicePlan",
+    "Devices",
     "batch_split",
     "check",
     "check_finetuning",
@@ -338,8 +323,6 @@ __all__ = [
     "check_pretraining",
     "compile_options",
     "dynamic_shape_options",
-    "inference_autocast",
-    "inference_device",
     "refuse_multirun_ddp",
     "set_matmul_precision",
     "static_shapes",

@@ -15,6 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+from pretrainlab.config import ConfigError
+from pretrainlab.slot.archive import MergeError, merge
+from pretrainlab.slot.inputs import InputsError, pack
+from pretrainlab.slot.run import SlotArgs, compose_study, run_slot
+
 log = logging.getLogger("pretrainlab")
 
 # what an offline GPU node with torch, lightning, transformers, tokenizers, numpy, pandas, pyarrow and
@@ -112,11 +118,6 @@ def download_wheels(out: Path, also: list[str]) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = _parser().parse_args(argv)
-    import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
-    from pretrainlab.config import ConfigError
-    from pretrainlab.slot.archive import MergeError
-    from pretrainlab.slot.inputs import InputsError
-
     try:
         return _command(args)
     except (ConfigError, InputsError, MergeError) as e:  # refusals name their cause: no traceback to read
@@ -126,9 +127,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(args: argparse.Namespace) -> int:
     if args.command == "pack":
-        from pretrainlab.slot.inputs import pack
-        from pretrainlab.slot.run import compose_study
-
         data = args.data
         corpus = args.corpus or (data / "corpus" / "gutenberg" if data else None)
         if corpus is None:
@@ -144,8 +142,6 @@ def _command(args: argparse.Namespace) -> int:
     elif args.command == "wheels":
         download_wheels(args.out, args.also)
     elif args.command == "run":
-        from pretrainlab.slot.run import SlotArgs, run_slot
-
         started = float(os.environ.get("PRETRAINLAB_SLOT_STARTED") or time.time())
         installed = json.loads(os.environ.get("PRETRAINLAB_SLOT_INSTALLED") or "{}")
         run_slot(
@@ -163,8 +159,6 @@ def _command(args: argparse.Namespace) -> int:
             )
         )
     elif args.command == "merge":
-        from pretrainlab.slot.archive import merge
-
         merge(args.archives, args.out)
     return 0
 

@@ -26,7 +26,9 @@ from omegaconf import OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.slot.inputs import safe_extract
+from pretrainlab.studies.ablation import report_study, study_tasks
 from pretrainlab.studies.cost import EXPORT_RECORD
+from pretrainlab.studies.intrinsic import learning_curves, learning_report
 
 log = logging.getLogger("pretrainlab")
 
@@ -187,8 +189,6 @@ def merge(archives: list[str | Path], out: str | Path) -> dict:
 
 def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dict:
     """The merge's writing, once every archive is accepted (``merge``)."""
-    from pretrainlab.studies.ablation import report_study, study_tasks
-    from pretrainlab.studies.intrinsic import learning_curves, learning_report
 
     scratch: Path | None = None  # the slot whose scratch baseline is kept
     out.mkdir(parents=True, exist_ok=True)

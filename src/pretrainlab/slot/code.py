@@ -9,13 +9,13 @@ import hashlib
 from pathlib import Path
 
 from pretrainlab.runtime.hydra import CONF
+from pretrainlab.runtime.provenance import software
 
 
 @functools.cache
 def code_version() -> dict:
     """``digest``: sha256 over every ``.py`` file of the package and every ``.yaml`` file of
     ``conf/`` (their paths and bytes); ``commit``/``dirty`` from git when the package is a checkout's."""
-    from pretrainlab.runtime.provenance import software
 
     package = Path(__file__).resolve().parents[1]  # src/pretrainlab
     h = hashlib.sha256()

@@ -28,7 +28,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pretrainlab import atomic
-from pretrainlab.data.hashing import file_digest
+from pretrainlab.data.hashing import file_digest, fingerprint
+from pretrainlab.data.packed import pack_corpus
+from pretrainlab.data.pipeline import PretrainData
+from pretrainlab.evaluation.base import get, with_data
+from pretrainlab.runtime.hydra import compose
+from pretrainlab.slot.code import code_version
+from pretrainlab.studies.ablation import study_tasks
 
 log = logging.getLogger("pretrainlab")
 
@@ -50,14 +56,11 @@ def _tokenizer_overrides(cfg: DictConfig) -> list[str]:
 def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, list[tuple[Path, Path]]]:
     """Every local file the slot study ``cfg`` evaluates on, by data block: (the file, its folder in
     ``data_dirs``), as each evaluation says it reads them (``Evaluation.data_files``)."""
-    from pretrainlab.evaluation.base import get
-    from pretrainlab.runtime.hydra import compose
-    from pretrainlab.studies.ablation import study_tasks
 
     tasks = study_tasks(cfg)
-    missing = sorted({get(t).data for t in tasks} - set(data_dirs))
+    missing = sorted({get(t).data_block for t in tasks} - set(data_dirs))
     if missing:
-        reads = {b: [t for t in tasks if get(t).data == b] for b in missing}
+        reads = {b: [t for t in tasks if get(t).data_block == b] for b in missing}
         raise InputsError(
             "the study evaluates on data it was not given: "
             + "; ".join(f"{', '.join(ts)} read {b} data" for b, ts in reads.items())
@@ -70,14 +73,13 @@ def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, l
     gcfg, _ = compose("glue", [*probe.glue.overrides, *(f'++{b}.data_dir="{d}"' for b, d in data_dirs.items())])
     out: dict[str, list[tuple[Path, Path]]] = {}
     for t in tasks:
-        evaluation = get(t)
-        root = Path(data_dirs[evaluation.data]).expanduser()
+        evaluation = with_data(t, gcfg)
+        block = evaluation.data_block
+        root = Path(data_dirs[block]).expanduser()
         if not root.is_dir():
-            raise InputsError(
-                f"--data-dir {evaluation.data}={root}: no such folder ({t} reads {evaluation.data} data)."
-            )
+            raise InputsError(f"--data-dir {block}={root}: no such folder ({t} reads {block} data).")
         try:
-            files = evaluation.data_files(gcfg)
+            files = evaluation.data_files()
         except (OSError, ValueError) as e:
             raise InputsError(
                 f"{t}: {e}. The slot would fail on it after pretraining; fix the folder and pack again."
@@ -85,10 +87,10 @@ def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, l
         if files is not None and not files:
             raise InputsError(
                 f"{t}: no data file of it in {root} (the study evaluates on it). Give the folder that holds its "
-                f"files (--data-dir {evaluation.data}=<folder>), or leave it out of the study."
+                f"files (--data-dir {block}=<folder>), or leave it out of the study."
             )
         for f in files or []:
-            out.setdefault(evaluation.data, []).append((f, root))
+            out.setdefault(block, []).append((f, root))
     return {b: list(dict.fromkeys(fs)) for b, fs in out.items()}
 
 
@@ -104,11 +106,6 @@ def pack(
     evaluations, from ``data_dirs`` (data block -> folder: ``glue``, ``ner``, ``blimp``, ...), kept in
     ``inputs/<block>/`` as they are laid out there. Returns the manifest."""
     from hydra.utils import instantiate
-
-    from pretrainlab.data.packed import pack_corpus
-    from pretrainlab.data.pipeline import PretrainData
-    from pretrainlab.runtime.hydra import compose
-    from pretrainlab.slot.code import code_version
 
     out = Path(out)
     if out.exists():
@@ -195,7 +192,6 @@ def safe_extract(tar: tarfile.TarFile, into: Path, members: list[tarfile.TarInfo
 
 def digest(manifest: dict) -> str:
     """The identity of a slot's inputs: the digest of every file in them."""
-    from pretrainlab.data.hashing import fingerprint
 
     return fingerprint({"format": manifest.get("format"), "files": manifest.get("files")})
 

@@ -37,7 +37,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError
+from pretrainlab.runtime.console import quiet_third_parties
+from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.signals import TimeUp, deadline
+from pretrainlab.slot.archive import write_archive
+from pretrainlab.slot.calibrate import plan_rates, throughput
+from pretrainlab.slot.code import code_version
+from pretrainlab.slot.device import Utilisation, describe
+from pretrainlab.slot.inputs import digest, unpack
+from pretrainlab.slot.plan import largest_budget
+from pretrainlab.slot.report import slot_markdown
+from pretrainlab.studies.ablation import check_arm_names, check_study, pretraining_config, run_study, study_arms
+from pretrainlab.studies.parallel import measure_work, run_parallel
+from pretrainlab.studies.throughput import Windows, read_rates
 
 log = logging.getLogger("pretrainlab")
 
@@ -109,8 +121,6 @@ def time_limit(at: float, timeline: Timeline, minutes: float, kept_s: float) -> 
 def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> DictConfig:
     """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, one pretraining seed,
     its directories under ``work``, its data from the unpacked ``inputs``."""
-    from pretrainlab.runtime.hydra import compose
-    from pretrainlab.studies.ablation import check_arm_names
 
     check_arm_names(overrides)
     located = [f"seeds=[{seed}]", f"output_root={work}", f"corpus={inputs / 'corpus'}"]
@@ -156,10 +166,6 @@ def _budget_of(archive: Path) -> float:
 
 def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline) -> dict:
     """Time every pretraining job of the study (``calibrate``) and plan the budget (``plan``)."""
-    from pretrainlab.slot.calibrate import Windows, plan_rates, read_rates, throughput
-    from pretrainlab.slot.plan import largest_budget
-    from pretrainlab.studies.ablation import pretraining_config, study_arms
-    from pretrainlab.studies.parallel import call_work, run_parallel
 
     timeline.mark("calibration")
     c = cfg.slot.calibration
@@ -182,9 +188,7 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
             "spawned_at": time.time(),
             "run_dir": str(exchange / objective),
         }
-        work.append(
-            call_work(name, "pretrainlab.slot.calibrate:measure", train_cfg, kwargs, exchange / f"{objective}.log")
-        )
+        work.append(measure_work(name, train_cfg, kwargs, exchange / f"{objective}.log"))
     windows = Windows(exchange, names, float(c.together_s), float(c.alone_s))
     run_parallel(work, len(work), " ".join(sys.argv), tick=windows)
     measured = read_rates(exchange, objectives)
@@ -328,13 +332,6 @@ def finished(record: Path) -> bool:
 
 def run_slot(a: SlotArgs) -> Path:
     """Run the slot ``a`` describes; returns its results archive (written also when the slot fails)."""
-    from pretrainlab.runtime.console import quiet_third_parties
-    from pretrainlab.slot.archive import write_archive
-    from pretrainlab.slot.code import code_version
-    from pretrainlab.slot.device import Utilisation, describe
-    from pretrainlab.slot.inputs import digest, unpack
-    from pretrainlab.slot.report import slot_markdown
-    from pretrainlab.studies.ablation import check_study, run_study
 
     work = (a.work or Path("runs") / "slots" / f"s{a.seed}").expanduser().resolve()
     for option, folder in (("--out", a.out), ("--work", work)):

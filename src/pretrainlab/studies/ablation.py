@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from pretrainlab import atomic
 from pretrainlab.compare import collect, is_final, to_markdown, write_report
 from pretrainlab.config import ConfigError, plain
+from pretrainlab.evaluation import base as evaluations
 from pretrainlab.evaluation.base import resolve
 from pretrainlab.evaluation.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
@@ -57,7 +58,7 @@ from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences, report_
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import exit_on_signal
-from pretrainlab.studies.cost import RESULT_DIRS, cost_report
+from pretrainlab.studies.cost import cost_report
 from pretrainlab.studies.intrinsic import (
     at_baseline,
     intrinsic_markdown,
@@ -69,7 +70,7 @@ from pretrainlab.studies.intrinsic import (
 from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel, suite_work
 from pretrainlab.studies.slurm import Planned, SlurmError, SlurmStudy, check_cluster, run_slurm
 from pretrainlab.studies.slurm import resources as slurm_resources
-from pretrainlab.studies.suite import plan_suite, run_suite
+from pretrainlab.studies.suite import plan_suite, run_suite, task_config
 
 log = logging.getLogger("pretrainlab")
 
@@ -88,25 +89,28 @@ def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
     now, not after hours of pretraining."""
     from omegaconf import OmegaConf
 
-    from pretrainlab.evaluation import base as evaluations
-    from pretrainlab.studies.suite import task_config
-
     for name in tasks:
-        task = evaluations.get(name)
         run_cfg = suite.copy()
         OmegaConf.set_struct(run_cfg, False)
         run_cfg.task = task_config(name, plain(suite.task_overrides))
+        task = evaluations.of(run_cfg)
         try:
-            task.check(run_cfg)
-            files = task.data_files(run_cfg)
+            task.check()
+            files = task.data_files()
             if files is not None and not files:
-                where = (run_cfg.get(task.data) or {}).get("data_dir")
+                where = task.data.data_dir
                 raise FileNotFoundError(f"no data file of {name} in {where or 'the folder its config names'}")
         except (OSError, ValueError) as e:
             raise ConfigError(
                 f"evaluation {name} of the study (checked before any pretraining): {e} "
-                f"(its data folder: data_dirs.{task.data} in conf/ablate.yaml or the command line)"
+                f"(its data folder: data_dirs.{task.data_block} in conf/ablate.yaml or the command line)"
             ) from None
+
+
+def held_out_checks(cfg: DictConfig) -> str:
+    """Which held-out checks a study's pretraining job computes after its run (``studies.parallel``):
+    with the NSP/SOP cross-check (``intrinsic=true``, the default) or without."""
+    return "intrinsic" if cfg.get("intrinsic", True) else "held-out"
 
 
 def suite_label(root: Path, encoder: Path, init: str) -> str:
@@ -332,7 +336,9 @@ def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], f
             check_same_run(run_dir, train_cfg)
             done = (run_dir / "encoder" / "config.json").is_file()
             orphans = (
-                [] if done else [p for d in RESULT_DIRS for p in (run_dir / d).rglob("*.json") if is_results_file(p)]
+                []
+                if done
+                else [p for d in evaluations.result_dirs() for p in (run_dir / d).rglob("*.json") if is_results_file(p)]
             )
             if orphans:  # results of an encoder that is gone: the new one's suite would refuse them, later
                 raise ResultError(
@@ -420,7 +426,7 @@ def slurm_jobs(prepared: _Prepared) -> list[Planned]:
     evaluation suite not finished yet (the final encoder, its snapshots, the scratch baseline of the
     first run), after its pretraining job."""
     cfg, root = prepared.cfg, prepared.root
-    intrinsic = bool(cfg.get("intrinsic", True))
+    checks = held_out_checks(cfg)
     pending = {run_dir for run_dir, _, _ in prepared.pending}
     planned: list[Planned] = []
     for i, (run_dir, train_cfg, choices, _) in enumerate(prepared.planned):
@@ -428,7 +434,8 @@ def slurm_jobs(prepared: _Prepared) -> list[Planned]:
         if run_dir in pending:
             work_cfg = train_cfg.copy()
             work_cfg.ckpt_path = "auto"
-            planned.append(Planned(name, pretraining_work(run_dir, work_cfg, choices, root / "logs", intrinsic)))
+            log_path = root / "logs" / f"{name}.log"
+            planned.append(Planned(name, pretraining_work(run_dir, work_cfg, choices, log_path, checks)))
         encoders = [(run_dir, "pretrained"), *((snapshot_dir(run_dir, f), "pretrained") for f in prepared.fractions)]
         if cfg.scratch and i == 0:
             encoders.append((run_dir, "scratch"))
@@ -467,8 +474,10 @@ def _run_study(
             return {}  # detached: the jobs are on their way, the same command continues
         pending = []
     elif jobs > 1 and len(pending) > 1:
-        intrinsic = bool(cfg.get("intrinsic", True))
-        run_parallel([pretraining_work(r, c, ch, root / "logs", intrinsic) for r, c, ch in pending], jobs, resume)
+        checks = held_out_checks(cfg)
+        logs = root / "logs"
+        work = [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in pending]
+        run_parallel(work, jobs, resume)
     else:
         for run_dir, train_cfg, choices in pending:
             pretraining.run(train_cfg, run_dir, choices=choices, resume_hint=resume)

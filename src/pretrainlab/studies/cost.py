@@ -18,9 +18,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from pretrainlab import atomic
+from pretrainlab.evaluation.base import result_dirs
 from pretrainlab.evaluation.results import is_results_file
 
-RESULT_DIRS = ("glue", "glue-scratch", "eval", "eval-scratch")  # where a run's evaluation suites write
 # a run brought back without its weights (``pretrainlab.slot``) keeps its export's config.json under this name
 EXPORT_RECORD = "encoder.json"
 
@@ -43,7 +43,7 @@ def _pretraining(run: Path) -> dict | None:
 
 def _results(run: Path) -> list[Path]:
     tops = [run, *sorted((run / "snapshots").glob("*"))]
-    return sorted({p for top in tops for d in RESULT_DIRS for p in (top / d).rglob("*.json") if is_results_file(p)})
+    return sorted({p for top in tops for d in result_dirs() for p in (top / d).rglob("*.json") if is_results_file(p)})
 
 
 def study_cost(runs: list[Path], jobs: int = 1) -> dict:

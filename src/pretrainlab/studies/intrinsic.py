@@ -25,13 +25,15 @@ from typing import cast
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab import atomic
+from pretrainlab import atomic, figures
 from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.objectives import learning
 from pretrainlab.objectives.learning import AT, PAST, HeadCheck
-from pretrainlab.pretraining.run import build_data, build_encoder_config, build_objective
+from pretrainlab.pretraining.assembly import build_model
+from pretrainlab.pretraining.learning_log import FILE, heads, read_rows
+from pretrainlab.pretraining.run import build_data
 from pretrainlab.runtime.checkpoints import read
 from pretrainlab.runtime.settings import uses_cuda
 
@@ -57,9 +59,8 @@ def evaluate(
     device = torch.device(device if device is not None else "cuda" if uses_cuda(cfg) else "cpu")
     checkpoint = read(run_dir / "checkpoints" / "last.ckpt")
     data, tokens = build_data(cfg)
-    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
-    objective = build_objective(cfg, encoder_config, tokens)
-    encoder = Encoder(encoder_config)
+    model = build_model(cfg, tokens)
+    encoder, objective = Encoder(model.encoder_config), model.objective
     state = checkpoint["state_dict"]  # compile wraps a function, not the modules: the keys are plain
     encoder.load_state_dict({k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")})
     objective.load_state_dict({k[len("objective.") :]: v for k, v in state.items() if k.startswith("objective.")})
@@ -188,7 +189,6 @@ def learning_curves(runs: list[Path], out_dir: Path) -> dict[str, dict]:
     held-out score divided by its trivial baseline against pretraining FLOPs, in
     ``learning-curves.png``, and the first validation at which each head was past its baseline, in
     ``learning-curves.md``. Returns {run: {head: {"past_at": {step, tokens, flops} | None, "points": n}}}."""
-    from pretrainlab.pretraining.learning_log import FILE, heads, read_rows
 
     found: dict[str, dict] = {}
     curves: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
@@ -234,8 +234,6 @@ def _plot_learning(curves: dict, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from pretrainlab import figures
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     # One colour per objective (a run's name without its "-s<seed>"), one line style per head: the

@@ -20,6 +20,7 @@ through the study, once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -34,7 +35,13 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from pretrainlab.config import ConfigError
+import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+from pretrainlab import atomic
+from pretrainlab.config import ConfigError, plain
+from pretrainlab.pretraining import run as pretraining
+from pretrainlab.studies.intrinsic import held_out, intrinsic_row
+from pretrainlab.studies.suite import run_suite
+from pretrainlab.studies.throughput import measure
 
 log = logging.getLogger("pretrainlab")
 
@@ -71,8 +78,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 @dataclass
 class Work:
     """One process's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then its
-    held-out checks), an encoder's evaluation suite (``kind="suite"``: cfg, tasks, seeds,
-    task_overrides), or a function called with the config (``kind="call"``: target, kwargs)."""
+    held-out checks, and a file saying it is done when asked), an encoder's evaluation suite
+    (``kind="suite"``: cfg, tasks, seeds, task_overrides), or a pretraining run's throughput timed in a
+    coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments)."""
 
     name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
     kind: str
@@ -91,18 +99,32 @@ class Work:
         return path
 
 
-def pretraining_work(run_dir: Path, cfg: DictConfig, choices: dict, logs: Path, intrinsic: bool = True) -> Work:
+CHECKS = ("intrinsic", "held-out", "none")
+
+
+def pretraining_work(
+    run_dir: Path,
+    cfg: DictConfig,
+    choices: dict,
+    log: Path,
+    checks: str = "intrinsic",
+    done: str | None = None,
+    name: str | None = None,
+) -> Work:
     """Pretrain ``run_dir``, then compute its held-out checks in the same process, on its device
-    (``studies.intrinsic``: what it learned, and with ``intrinsic`` the NSP/SOP cross-check), where the
-    study reads them back instead of computing every run's one after another."""
-    spec = {"run_dir": str(run_dir), "choices": dict(choices), "intrinsic": bool(intrinsic)}
-    name = f"pretraining {cfg.objective.name} seed {cfg.seed}"
-    return Work(name, "pretrain", cfg, spec, logs / f"pretrain-{run_dir.name}.log")
+    (``studies.intrinsic``, where the study reads them back instead of computing every run's one after
+    another): ``checks`` is ``intrinsic`` (what it learned and the NSP/SOP cross-check), ``held-out`` (what
+    it learned) or ``none``. ``done``: a file of ``run_dir`` written when the run has ended (its last step)."""
+    if checks not in CHECKS:
+        raise ValueError(f"checks={checks!r}: one of {', '.join(CHECKS)}")
+    spec = {"run_dir": str(run_dir), "choices": dict(choices), "checks": checks, "done": done}
+    return Work(name or f"pretraining {cfg.objective.name} seed {cfg.seed}", "pretrain", cfg, spec, log)
 
 
-def call_work(name: str, target: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Work:
-    """Call ``target`` (``package.module:function``) with ``cfg`` and ``kwargs`` in a process of its own."""
-    return Work(name, "call", cfg, {"target": target, "kwargs": dict(kwargs)}, log_path)
+def measure_work(name: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Work:
+    """Time ``cfg``'s pretraining run in a coordinator's windows (``studies.throughput.measure`` with
+    ``kwargs``) in a process of its own."""
+    return Work(name, "measure", cfg, {"kwargs": dict(kwargs)}, log_path)
 
 
 def suite_work(label: str, cfg: DictConfig, tasks: list[str], seeds: list[int], overrides: dict, logs: Path) -> Work:
@@ -115,7 +137,7 @@ def run_parallel(
 ) -> None:
     """Do every piece of ``work``, ``jobs`` processes at a time, each with ``cores() // jobs``
     threads (at least one). ``tick``: called about twice a second with the names of the work in
-    progress (a coordinator's hook: ``pretrainlab.slot.calibrate``)."""
+    progress (a coordinator's hook: ``studies.throughput.Windows``)."""
     threads = max(1, cores() // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     queue = list(work)
@@ -168,27 +190,22 @@ def run_parallel(
 def run_work(spec_path: str | Path) -> None:
     """Do the piece of work a spec (:meth:`Work.save`) describes, in this process: what every process
     of :func:`run_parallel` and every SLURM job of a study (``studies.slurm``) runs."""
-    import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
-    from pretrainlab.config import plain
-    from pretrainlab.pretraining import run as pretraining
-
     spec = cast(DictConfig, OmegaConf.load(spec_path))
     cfg = cast(DictConfig, OmegaConf.load(spec.cfg))
     if spec.kind == "pretrain":
-        pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
-        from pretrainlab.studies.intrinsic import held_out, intrinsic_row
-
-        (intrinsic_row if spec.get("intrinsic", True) else held_out)(Path(spec.run_dir))
-        logging.getLogger("pretrainlab").info("held-out checks -> %s", Path(spec.run_dir) / "intrinsic.json")
-    elif spec.kind == "call":
-        import importlib
-
-        module, function = str(spec.target).split(":")
-        getattr(importlib.import_module(module), function)(cfg, **plain(spec.kwargs))
-    else:
-        from pretrainlab.studies.suite import run_suite
-
+        result = pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
+        checks = spec.get("checks") or ("intrinsic" if spec.get("intrinsic", True) else "held-out")  # older specs
+        if checks != "none":
+            (intrinsic_row if checks == "intrinsic" else held_out)(Path(spec.run_dir))
+            log.info("held-out checks -> %s", Path(spec.run_dir) / "intrinsic.json")
+        if spec.get("done"):
+            atomic.write_text(Path(spec.run_dir) / spec.done, json.dumps({"global_step": result.get("global_step")}))
+    elif spec.kind == "measure":
+        measure(cfg, **plain(spec.kwargs))
+    elif spec.kind == "suite":
         run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
+    else:
+        raise ValueError(f"{spec_path}: work of kind {spec.kind!r} (pretrain, measure or suite)")
 
 
 def _main(spec_path: str) -> None:

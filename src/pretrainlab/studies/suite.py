@@ -100,9 +100,11 @@ def plan_suite(
         check_finetuning(OmegaConf.create({"task": task_config(name, task_overrides)}))
     jobs, dirs = [], []
     for name in tasks:
-        task = evaluations.get(name)
+        task = evaluations.with_data(name, cfg)
         task_cfg = task_config(name, task_overrides)
-        evaluation.check_language(cfg, task)  # before any task runs: a synthetic set of another language
+        evaluation.check_language(
+            str(cfg.pretrained), task
+        )  # before any task runs: a synthetic set of another language
         out = output_dir_of(task, cfg, output_dir)
         dirs.append(out)
         digests = None
@@ -121,7 +123,7 @@ def plan_suite(
                 check_encoder(done, identity, cfg.init, path)
                 check_settings(done, plain(run_cfg), path)
                 if digests is None:
-                    digests = task.digests(run_cfg) or {}
+                    digests = task.digests() or {}
                 check_data(done, digests, path)
                 done = _relabel(done, identity, path)
             jobs.append(Job(run_cfg, out / task.name / f"seed{seed}", path, done))

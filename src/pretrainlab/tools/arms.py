@@ -46,9 +46,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pretrainlab import atomic
 from pretrainlab.objectives.learning import ABOVE, PAST
 from pretrainlab.pretraining.learning_log import FILE as LEARNING
 from pretrainlab.pretraining.learning_log import heads, read_rows
+from pretrainlab.runtime.hydra import compose
+from pretrainlab.runtime.script import rerun_command
+from pretrainlab.runtime.signals import TimeUp, deadline
+from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel
+from pretrainlab.tools.docs import write_table_report
 
 log = logging.getLogger("pretrainlab")
 
@@ -89,7 +95,6 @@ def load_arms(path: Path) -> tuple[str, list[str], dict[str, list[str]]]:
 def compose_arms(common: list[str], arms: dict[str, list[str]]) -> dict[str, tuple[DictConfig, dict[str, str]]]:
     """Every arm's composed train.py config (and group choices); two arms that compose the same
     config are refused, naming both."""
-    from pretrainlab.runtime.hydra import compose
 
     composed: dict[str, tuple[DictConfig, dict[str, str]]] = {}
     seen: dict[str, str] = {}
@@ -110,17 +115,6 @@ def compose_arms(common: list[str], arms: dict[str, list[str]]) -> dict[str, tup
 
 
 DONE = "arm-done.json"  # in a run's directory once it trained to its end
-
-
-def train_arm(cfg: DictConfig, run_dir: str, choices: dict[str, str]) -> None:
-    """One arm's run (in a process of its own: ``studies.parallel``), marked done when it ends."""
-    import json
-
-    from pretrainlab import atomic
-    from pretrainlab.pretraining.run import run
-
-    result = run(cfg, run_dir, choices=choices)
-    atomic.write_text(Path(run_dir) / DONE, json.dumps({"global_step": result.get("global_step")}))
 
 
 def _number(text: Any) -> float:
@@ -215,8 +209,6 @@ COLUMNS = [
 
 
 def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list[str]) -> Path:
-    from pretrainlab import atomic
-    from pretrainlab.tools.docs import write_table_report
 
     curves = {arm: read_rows(out / "runs" / arm / LEARNING) for arm in arms if (out / "runs" / arm).is_dir()}
     report = out / "report"
@@ -254,10 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
     import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
-    from pretrainlab import atomic
-    from pretrainlab.runtime.script import rerun_command
-    from pretrainlab.runtime.signals import TimeUp, deadline
-    from pretrainlab.studies.parallel import call_work, check_jobs, run_parallel
 
     try:
         about, common, arms = load_arms(args.arms)
@@ -292,15 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if (run_dir / "checkpoints").is_dir():
                 cfg.ckpt_path = "auto"
-            work.append(
-                call_work(
-                    f"arm {name}",
-                    "pretrainlab.tools.arms:train_arm",
-                    cfg,
-                    {"run_dir": str(run_dir), "choices": choices},
-                    args.out / "logs" / f"{name}.log",
-                )
-            )
+            log_path = args.out / "logs" / f"{name}.log"
+            work.append(pretraining_work(run_dir, cfg, choices, log_path, checks="none", done=DONE, name=f"arm {name}"))
         started = time.time()
         limit = deadline(started + 60 * args.minutes, lambda: "--minutes ran out") if args.minutes else nullcontext()
         try:

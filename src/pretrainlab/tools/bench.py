@@ -21,6 +21,8 @@ HF step time / our step time; tokens/s is each side's median step. ``--rounds`` 
 new processes, and medians are taken over all rounds.
 Both sides run with the process setting training uses (``keep_freed_memory``: glibc keeps freed
 memory for the next step instead of faulting it in again); ``--malloc default`` measures without.
+The package's modules are imported where a process needs them: the coordinator imports no model code, and
+each worker only its side's, so that its peak memory is its own model's.
 """
 
 from __future__ import annotations
@@ -113,11 +115,10 @@ def build_ours(objective_name: str, model: str):
     """Our encoder and objective, composed from conf/ as train.py composes them (without importing
     the training stack: the process's memory is the model's)."""
     import numpy as np
-    from hydra.utils import instantiate
 
-    from pretrainlab.model.encoder import Encoder
-    from pretrainlab.runtime.hydra import compose
-    from pretrainlab.tokens import SpecialTokens
+    from pretrainlab.pretraining.assembly import build_model  # lazily: each process's memory (module docstring)
+    from pretrainlab.runtime.hydra import compose  # lazily: each process's memory (module docstring)
+    from pretrainlab.tokens import SpecialTokens  # lazily: each process's memory (module docstring)
 
     tokens = SpecialTokens(
         VOCAB,
@@ -129,12 +130,8 @@ def build_ours(objective_name: str, model: str):
         np.zeros(VOCAB, dtype=bool),
     )
     cfg, _ = compose("train", [f"model={model}", f"objective={objective_name}"])
-    config = instantiate(cfg.model, vocab_size=VOCAB)
-    objective = instantiate(cfg.objective, _partial_=True)(encoder_config=config, tokens=tokens)
-    encoder = Encoder(config)
-    if encoder.pooler is not None and not objective.uses_pooler:
-        encoder.pooler.requires_grad_(False)
-    return encoder, objective
+    built = build_model(cfg, tokens)
+    return built.encoder(), built.objective
 
 
 def same_shape(config, vocab_size: int) -> dict:
@@ -264,8 +261,10 @@ class Case:
     ):
         import torch
 
-        from pretrainlab.runtime.malloc import keep_freed_memory
-        from pretrainlab.runtime.settings import set_matmul_precision
+        from pretrainlab.runtime.malloc import keep_freed_memory  # lazily: each process's memory (module docstring)
+        from pretrainlab.runtime.settings import (
+            set_matmul_precision,
+        )  # lazily: each process's memory (module docstring)
 
         if malloc == "keep":
             keep_freed_memory()
@@ -415,11 +414,11 @@ def run_pair(case: str, worker_cmd, steps: int, warmup: int) -> dict[str, dict]:
 def bench_data(path: str, objective_name: str, seq_len: int, batch_size: int, workers: int) -> None:
     import shutil
 
-    from pretrainlab.data.corpus import TextFiles
-    from pretrainlab.data.datamodule import PretrainDataModule
-    from pretrainlab.data.pipeline import PretrainData
-    from pretrainlab.data.tokenizer import TokenizerSpec
-    from pretrainlab.tokens import special_tokens
+    from pretrainlab.data.corpus import TextFiles  # lazily: each process's memory (module docstring)
+    from pretrainlab.data.datamodule import PretrainDataModule  # lazily: each process's memory (module docstring)
+    from pretrainlab.data.pipeline import PretrainData  # lazily: each process's memory (module docstring)
+    from pretrainlab.data.tokenizer import TokenizerSpec  # lazily: each process's memory (module docstring)
+    from pretrainlab.tokens import special_tokens  # lazily: each process's memory (module docstring)
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("    %(message)s"))
@@ -517,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pretrainlab.runtime.settings import set_matmul_precision
+    from pretrainlab.runtime.settings import set_matmul_precision  # lazily: each process's memory (module docstring)
 
     set_matmul_precision(True)  # the peak and both sides with TF32 for fp32 on GPUs, as training
 
@@ -541,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     results = []
     if args.objectives is None:  # every objective of conf/objective/ that has a transformers peer
-        from pretrainlab.runtime.hydra import options
+        from pretrainlab.runtime.hydra import options  # lazily: each process's memory (module docstring)
 
         objectives = [o for o in options("objective") if o in HF_CLASSES]
         for o in sorted(set(options("objective")) - set(HF_CLASSES)):
@@ -575,7 +574,7 @@ def write_outputs(args, results: list[dict], about: str) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if args.report and results:
-        from pretrainlab.tools.docs import write_table_report
+        from pretrainlab.tools.docs import write_table_report  # lazily: each process's memory (module docstring)
 
         write_table_report(
             Path(args.report), "Pretraining step: ours against transformers", COLUMNS, table_rows(results), about

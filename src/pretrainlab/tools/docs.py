@@ -28,6 +28,9 @@ learning curves: ``pretrainlab.tools.arms``)
 and ``about`` (what that table measured, and what the tool concluded from it, in its own words). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
 format spec such as ``.3f``.
+
+The renderers import the comparison and the studies when a block needs them: ``check`` and ``build``
+read Markdown and JSON, and those imports (torch, scipy, matplotlib) take seconds to start.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from pretrainlab import atomic
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = Path("docs") / "results"
@@ -74,7 +79,7 @@ def _source(report: Path, link: str) -> str:
     line = f"From [{report.name}]({link}): `{p['command']}`, commit {commit}, {p['date']}, {p['device']}."
     cost_file = report / "cost.json"
     if cost_file.is_file():
-        from pretrainlab.studies.cost import _hours
+        from pretrainlab.studies.cost import _hours  # lazily: start-up time (module docstring)
 
         cost = json.loads(cost_file.read_text(encoding="utf-8"))
         line += f" Pretraining {_hours(cost['pretraining_s'])}, evaluation {_hours(cost['evaluation_s'])}."
@@ -82,7 +87,7 @@ def _source(report: Path, link: str) -> str:
 
 
 def _comparison_full(report: Path, link: str) -> str:
-    from pretrainlab.compare import to_markdown
+    from pretrainlab.compare import to_markdown  # lazily: start-up time (module docstring)
 
     return to_markdown(_load(report, "comparison.json"))
 
@@ -96,7 +101,7 @@ def _comparison(report: Path, link: str) -> str:
 
 
 def _differences(report: Path, link: str) -> str:
-    from pretrainlab.compare.tables import differences_markdown
+    from pretrainlab.compare.tables import differences_markdown  # lazily: start-up time (module docstring)
 
     return differences_markdown(_load(report, "comparison.json"))
 
@@ -104,8 +109,8 @@ def _differences(report: Path, link: str) -> str:
 def _orderings(report: Path, link: str) -> str:
     """Per column of the comparison: the encoders from best to worst, and how many differ from the
     baseline with an interval that excludes zero (in which direction)."""
-    from pretrainlab.compare.tables import columns
-    from pretrainlab.evaluation.base import display_name, known
+    from pretrainlab.compare.tables import columns  # lazily: start-up time (module docstring)
+    from pretrainlab.evaluation.base import display_name, known  # lazily: start-up time (module docstring)
 
     table = _load(report, "comparison.json")
     base = table.get("baseline")
@@ -129,13 +134,13 @@ def _orderings(report: Path, link: str) -> str:
 
 
 def _learning(report: Path, link: str) -> str:
-    from pretrainlab.studies.intrinsic import learning_markdown
+    from pretrainlab.studies.intrinsic import learning_markdown  # lazily: start-up time (module docstring)
 
     return learning_markdown(_load(report, "learning.json"))
 
 
 def _cost(report: Path, link: str) -> str:
-    from pretrainlab.studies.cost import cost_markdown
+    from pretrainlab.studies.cost import cost_markdown  # lazily: start-up time (module docstring)
 
     return cost_markdown(_load(report, "cost.json"))
 
@@ -176,9 +181,8 @@ def _curves(report: Path, link: str) -> str:
 def write_table_report(out: Path, title: str, columns: list[str], rows: list[list], about: str = "") -> Path:
     """A tool's measurements as a report docs can cite: ``report.json`` and ``report.md`` (the table,
     what it measured) and ``provenance.json`` (this process's command, commit, date and device)."""
-    from pretrainlab import atomic
-    from pretrainlab.runtime.provenance import report_provenance
-    from pretrainlab.runtime.script import rerun_command
+    from pretrainlab.runtime.provenance import report_provenance  # lazily: start-up time (module docstring)
+    from pretrainlab.runtime.script import rerun_command  # lazily: start-up time (module docstring)
 
     out.mkdir(parents=True, exist_ok=True)
     provenance = report_provenance(rerun_command())
@@ -358,7 +362,7 @@ def verify(report: Path) -> None:
             )
     comparison, table_csv = report / "comparison.json", report / "comparison.csv"
     if "comparison.json" in parsed and table_csv.is_file():
-        from pretrainlab.compare.tables import to_csv
+        from pretrainlab.compare.tables import to_csv  # lazily: start-up time (module docstring)
 
         try:
             made = to_csv(parsed["comparison.json"]).splitlines()

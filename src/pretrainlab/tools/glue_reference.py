@@ -36,11 +36,12 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
-from pretrainlab.evaluation.base import get
-from pretrainlab.evaluation.glue import glue_examples
+from pretrainlab.evaluation.base import get, of
+from pretrainlab.evaluation.glue import GlueTask, glue_examples
 from pretrainlab.evaluation.glue.data import EncodedDataset, EncodedSplit, collate
 from pretrainlab.evaluation.glue.metrics import compute
 from pretrainlab.evaluation.glue.tasks import TaskSpec, get_task
+from pretrainlab.evaluation.run import run
 from pretrainlab.export.hf import export_hf
 from pretrainlab.export.pretrained import load_pretrained
 from pretrainlab.optim import OptimConfig
@@ -75,8 +76,11 @@ class TaskInputs:
 
 def task_inputs(cfg) -> TaskInputs:
     model = load_pretrained(cfg.pretrained)  # the tokenizer and special tokens, for the same inputs
-    train, evals = glue_examples(cfg, model)
-    return TaskInputs(get_task(cfg.task.name), train, evals, model.tokens.pad_id)
+    task = of(cfg)
+    if not isinstance(task, GlueTask):
+        raise SystemExit(f"task={task.name}: the reference fine-tunes GLUE's tasks (conf/task/*.yaml with GlueTask).")
+    train, evals = glue_examples(task, model)
+    return TaskInputs(task.spec, train, evals, model.tokens.pad_id)
 
 
 def reference_metrics(
@@ -171,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg.seed = seed
         sides = {}
         if not args.reference_only:
-            from pretrainlab.evaluation.run import run
-
             sides["pretrainlab"] = run(cfg, out / f"pretrainlab-seed{seed}", choices=choices)["metrics"]
         sides["transformers" + (" (pooler re-initialised)" if args.reinit_pooler else "")] = reference_metrics(
             cfg, inputs, hf_dir, seed, args.reinit_pooler

@@ -41,13 +41,9 @@ from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.model.vocab_loss import sample
 from pretrainlab.objectives import learning
 from pretrainlab.objectives.electra import ELECTRA
+from pretrainlab.pretraining.assembly import build_model
 from pretrainlab.pretraining.learning_log import FILE, read_rows
-from pretrainlab.pretraining.run import (
-    build_budget,
-    build_data,
-    build_encoder_config,
-    build_objective,
-)
+from pretrainlab.pretraining.run import build_budget, build_data
 from pretrainlab.tools.bench import build_hf, hf_labels, same_shape  # the same-shape transformers models
 
 log = logging.getLogger("pretrainlab")
@@ -194,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     every = args.eval_every or int(cfg.val_every)
     torch.manual_seed(int(cfg.seed))
     data, tokens = build_data(cfg)
-    config = build_encoder_config(cfg, tokens.vocab_size)
-    objective = build_objective(cfg, config, tokens)
+    model = build_model(cfg, tokens)
+    config, objective = model.encoder_config, model.objective
     name = objective.name
     if name not in ("roberta", "bert", "albert", "electra"):
         p.error(f"objective {name} has no transformers reference here")

@@ -35,6 +35,8 @@ import torch
 from hydra.utils import instantiate
 
 from pretrainlab.evaluation import squad
+from pretrainlab.evaluation.base import of
+from pretrainlab.evaluation.run import run
 from pretrainlab.export.hf import export_hf
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
@@ -187,14 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, choices = compose("finetune", [f"pretrained={args.pretrained}", "task=squad", "logger=csv", *args.overrides])
     pretrained = str(cfg.pretrained)
     hf_dir = Path(pretrained[3:]) if pretrained.startswith("hf:") else export_hf(pretrained, out / "hf")
-    splits, _ = squad.load_config(cfg)
+    splits, _ = squad.load(of(cfg).data)
     rows = []
     for seed in args.seeds:
         cfg.seed = seed
         sides: dict[str, tuple[dict, float]] = {}
         if not args.reference_only:
-            from pretrainlab.evaluation.run import run
-
             t0 = time.time()
             sides["pretrainlab"] = (
                 run(cfg, out / f"pretrainlab-seed{seed}", choices=choices)["metrics"],

@@ -1,8 +1,9 @@
 """GLUE's tasks as evaluations: a classifier on the pooled ``[CLS]`` output, fine-tuned with the
 encoder (``conf/task/<task>.yaml``: ``_target_: pretrainlab.evaluation.glue.GlueTask``).
 
-The tasks' files, columns and metrics are ``pretrainlab.evaluation.glue`` (its readers take the hub, a local
-``download_glue_data.py`` directory, or the synthetic suite). Classification trains with
+The tasks' files, columns and metrics are this package's modules: ``tasks.py`` (what each task is),
+``data.py`` (readers of the hub, a local ``download_glue_data.py`` directory or the synthetic suite, and
+the encoding), ``metrics.py`` and ``synthetic.py`` (the offline suite). Classification trains with
 cross-entropy, STS-B (one output) with mean squared error. The dev sets are scored after every epoch
 with the task's metrics over the *whole* dev set (predictions gathered across ranks and de-duplicated
 by example index). A result's trivial baseline (``no_skill``) is the majority class (the training
@@ -19,11 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
-from pretrainlab.config import plain_or_none
-from pretrainlab.evaluation.base import Evaluation
+from pretrainlab.evaluation.base import FineTuned, RunContext
 from pretrainlab.evaluation.finetuning import Fitting, Job, Trainable
 from pretrainlab.evaluation.glue.data import (
     EncodedDataset,
@@ -34,6 +33,7 @@ from pretrainlab.evaluation.glue.data import (
     eval_loader,
     glue_root,
     load_task,
+    task_files,
 )
 from pretrainlab.evaluation.glue.metrics import compute, no_skill
 from pretrainlab.evaluation.glue.tasks import TASKS, TaskSpec, get_task
@@ -108,26 +108,26 @@ class Classifier(Trainable):
         return metrics
 
 
-def glue_examples(cfg: DictConfig, model) -> tuple[EncodedSplit, dict[str, EncodedSplit]]:
-    """``cfg.task``'s training examples and each of its dev splits (by name), read and tokenized as
+def glue_examples(task: GlueTask, model) -> tuple[EncodedSplit, dict[str, EncodedSplit]]:
+    """``task``'s training examples and each of its dev splits (by name), read and tokenized as
     fine-tuning trains and evaluates on them: ``glue.max_train_examples`` / ``max_eval_examples``,
     ``task.max_seq_len``, ``model``'s tokenizer and special tokens."""
-    spec = get_task(cfg.task.name)
-    glue = cfg.glue
-    splits = load_task(spec, glue.source, glue.data_dir, cfg.cache_dir, plain_or_none(glue.get("synthetic")))
+    data = task.data
+    splits = load_task(task.spec, data)
 
     def encoded(name: str, limit: int | None) -> EncodedSplit:
-        return encode(splits[name].head(limit), model.tokenizer, model.tokens, cfg.task.max_seq_len)
+        return encode(splits[name].head(limit), model.tokenizer, model.tokens, task.max_seq_len)
 
-    return encoded("train", glue.get("max_train_examples")), {
-        name: encoded(name, glue.get("max_eval_examples")) for name in spec.eval_splits
+    return encoded("train", data.max_train_examples), {
+        name: encoded(name, data.max_eval_examples) for name in task.spec.eval_splits
     }
 
 
-class GlueTask(Evaluation):
+class GlueTask(FineTuned):
     """One of GLUE's nine tasks (``name``: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."""
 
     family = "glue"
+    data_block = "glue"
     rank = 0
 
     def __init__(self, name: str, **recipe):
@@ -143,10 +143,6 @@ class GlueTask(Evaluation):
         return tuple(self.spec.metric_names())
 
     @property
-    def data(self) -> str:
-        return "glue"
-
-    @property
     def group(self) -> str:
         return "glue"
 
@@ -157,11 +153,11 @@ class GlueTask(Evaluation):
     def order(self) -> tuple:
         return (self.rank, list(TASKS).index(self.name))
 
-    def data_files(self, cfg: DictConfig) -> list[Path] | None:
-        g = cfg.glue
-        root = glue_root(g.source, g.data_dir, cfg.cache_dir, plain_or_none(g.get("synthetic")))
+    def data_files(self) -> list[Path] | None:
+        root = glue_root(self.data)
         if root is None:
             return None
+        files = task_files(self.spec, root)
         names = ["train.tsv", *(filename for filename, _ in self.spec.eval_splits.values())]
         folder = root / self.spec.directory
         missing = [n for n in names if not (folder / n).is_file()]
@@ -170,16 +166,16 @@ class GlueTask(Evaluation):
                 f"{folder} lacks {', '.join(missing)}: {self.spec.name} reads {', '.join(names)} (GLUE's "
                 f"download_glue_data.py layout)"
             )
-        return [folder / n for n in names if (folder / n).is_file()]
+        return files
 
     def file_key(self, path: Path) -> str:
         return f"{path.parent.name}/{path.name}"
 
-    def evaluate(self, cfg: DictConfig, model, fitting: Fitting) -> dict:
+    def evaluate(self, run: RunContext, model, fitting: Fitting) -> dict:
         spec = self.spec
         t0 = time.time()
-        digests = self.digests(cfg)
-        encoded_train, evals = glue_examples(cfg, model)
+        digests = self.digests()
+        encoded_train, evals = glue_examples(self, model)
         eval_names, encoded_eval = list(evals), list(evals.values())
         log.info(
             "%s: %d train, %s dev examples (%d truncated to %d tokens), loaded in %.1fs",
@@ -187,37 +183,37 @@ class GlueTask(Evaluation):
             len(encoded_train),
             "/".join(str(len(e)) for e in encoded_eval),
             encoded_train.truncated,
-            cfg.task.max_seq_len,
+            self.max_seq_len,
             time.time() - t0,
         )
-        plan = fitting.plan
+        devices = fitting.devices
         pad = model.tokens.pad_id
-        gen = torch.Generator().manual_seed(cfg.seed)
-        multiple = 8 if plan.compile else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
+        gen = torch.Generator().manual_seed(run.seed)
+        multiple = 8 if devices.compile else 1  # compiled: lengths in steps of 8, fewer shapes to compile for
         order = (
-            dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], cfg.task.batch_size, gen))
-            if cfg.glue.get("group_by_length")
+            dict(sampler=LengthGroupedSampler([len(x) for x in encoded_train.ids], self.batch_size, gen))
+            if self.data.options.get("group_by_length")
             else dict(shuffle=True, generator=gen)
         )
         train_loader = torch.utils.data.DataLoader(
             EncodedDataset(encoded_train),
-            batch_size=plan.micro_batch,
+            batch_size=devices.micro_batch,
             drop_last=False,
             collate_fn=functools.partial(collate, pad_id=pad, multiple=multiple),
-            num_workers=cfg.num_workers,
+            num_workers=run.num_workers,
             worker_init_fn=worker_init,
             **order,
         )
-        eval_loaders = [eval_loader(e, plan.micro_batch * 2, pad, cfg.num_workers, multiple) for e in encoded_eval]
+        eval_loaders = [eval_loader(e, devices.micro_batch * 2, pad, run.num_workers, multiple) for e in encoded_eval]
         steps_per_epoch, total = fitting.steps(len(encoded_train))
         module = Classifier(
             model.encoder,
             spec,
             fitting.optim,
             total,
-            cfg.task.classifier_dropout,
+            self.classifier_dropout,
             eval_names,
-            compile=plan.compile,
+            compile=devices.compile,
         )
         return fitting.fit(
             Job(
@@ -235,7 +231,7 @@ class GlueTask(Evaluation):
                             list(spec.metrics), encoded_train.labels, e.labels, spec.is_regression
                         ).items()
                     },
-                    "data": {"source": cfg.glue.source, "files": digests},
+                    "data": {"source": self.data.source, "files": digests},
                 },
             )
         )

@@ -14,7 +14,8 @@ import torch
 from tokenizers import Tokenizer
 
 from pretrainlab.data.hub import go_offline, hub_offline, hub_reachable
-from pretrainlab.data.sources import local_root
+from pretrainlab.evaluation.data import DataBlock
+from pretrainlab.evaluation.glue.synthetic import SyntheticGlue
 from pretrainlab.evaluation.glue.tasks import TaskSpec
 from pretrainlab.runtime.signals import worker_init
 from pretrainlab.tokens import SpecialTokens
@@ -159,54 +160,27 @@ def read_hub(spec: TaskSpec, dataset: str = HUB_DATASET) -> dict[str, GlueSplit]
     return out
 
 
-def glue_root(source: str, data_dir: str | None, cache_dir: str | None, synthetic: dict | None) -> Path | None:
-    """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into
-    ``cache_dir`` first); None for the hub."""
-    from pretrainlab.evaluation.glue.synthetic import SyntheticGlue
-
-    return local_root(
-        "glue",
-        source,
-        data_dir,
-        "GLUE directory",
-        lambda: SyntheticGlue(**(synthetic or {})).write(cache_dir or "~/.cache/pretrainlab"),
-    )
+LAYOUT = "GLUE directory"
 
 
-def load_task(
-    spec: TaskSpec,
-    source: str = "auto",
-    data_dir: str | None = None,
-    cache_dir: str | None = None,
-    synthetic: dict | None = None,
-) -> dict[str, GlueSplit]:
-    """Train and eval splits of ``spec`` from ``source``: ``auto`` (local if ``data_dir`` is set,
-    else the hub), ``hub``, ``local`` or ``synthetic`` (generated into ``cache_dir``, then read
-    back as a local directory)."""
-    root = glue_root(source, data_dir, cache_dir, synthetic)
-    return read_hub(spec) if root is None else read_local(spec, root)
+def glue_root(data: DataBlock) -> Path | None:
+    """The GLUE directory a local or synthetic source reads (the synthetic suite is generated into the
+    cache first); None for the hub."""
+    return data.root(SyntheticGlue, LAYOUT)
 
 
-def data_digests(
-    spec: TaskSpec,
-    source: str = "auto",
-    data_dir: str | None = None,
-    cache_dir: str | None = None,
-    synthetic: dict | None = None,
-) -> dict[str, str] | None:
-    """The sha256 of every file ``spec`` is read from (``{"RTE/train.tsv": ..., "RTE/dev.tsv": ...}``),
-    the identity of the data a result is computed on; None for the hub, whose datasets are versioned."""
-    from pretrainlab.data.hashing import file_digest
-
-    root = glue_root(source, data_dir, cache_dir, synthetic)
-    if root is None:
-        return None
+def task_files(spec: TaskSpec, root: Path) -> list[Path]:
+    """The files of ``spec`` that ``root`` holds, of those it reads: ``train.tsv`` and its dev splits'."""
     names = ["train.tsv", *(filename for filename, _ in spec.eval_splits.values())]
-    return {
-        f"{spec.directory}/{n}": file_digest(root / spec.directory / n)
-        for n in names
-        if (root / spec.directory / n).is_file()
-    }
+    return [root / spec.directory / n for n in names if (root / spec.directory / n).is_file()]
+
+
+def load_task(spec: TaskSpec, data: DataBlock) -> dict[str, GlueSplit]:
+    """Train and eval splits of ``spec`` from ``data``'s source: ``auto`` (local if ``data_dir`` is set,
+    else the hub), ``hub``, ``local`` or ``synthetic`` (generated into the cache, then read back as a
+    local directory)."""
+    root = glue_root(data)
+    return read_hub(spec) if root is None else read_local(spec, root)
 
 
 # --- encoding ---------------------------------------------------------------------------------------

@@ -28,15 +28,14 @@ topic, their word class, how they combine), which is what a scratch encoder cann
 from __future__ import annotations
 
 import json
-import os
 import random
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
-from pretrainlab import atomic
-from pretrainlab.data.hashing import fingerprint
 from pretrainlab.data.synthetic import NOUN_NUMBER, PREPOSITIONS, VERB_AGREEMENT, SyntheticLanguage
 from pretrainlab.data.world import Clause, World, render, split_words
+from pretrainlab.evaluation.data import SyntheticSet
 from pretrainlab.evaluation.glue.tasks import TASKS
 
 SUITE_VERSION = 1
@@ -237,13 +236,14 @@ def _write(path: Path, header: list[str] | None, rows: list[tuple], final_newlin
 
 
 @dataclass(frozen=True)
-class SyntheticGlue:
-    """The suite's settings; ``write`` generates it once per settings into the cache."""
+class SyntheticGlue(SyntheticSet):
+    """The suite's settings (``glue.synthetic``); ``write`` generates every task once per settings into
+    ``<cache>/glue-synthetic/<key>/``, in the ``download_glue_data.py`` layout, with ``suite.json``."""
 
-    seed: int = 0
+    folder: ClassVar[str] = "glue-synthetic"
+    version: ClassVar[int] = SUITE_VERSION
+
     scale: float = 1.0  # multiplies every task's train and dev size
-    language_seed: int = 0  # the pretraining corpus's language (data.seed of data=synthetic)
-    num_topics: int = 8
     unseen_words: float = 0.0  # share of each topic's words kept out of the training splits (dev uses only them)
 
     def __post_init__(self) -> None:
@@ -253,21 +253,13 @@ class SyntheticGlue:
                 f"words in [0, 1), e.g. 0.5."
             )
 
-    def key(self) -> dict:
-        return {**asdict(self), "version": SUITE_VERSION}
+    def generate(self, into: Path) -> None:
+        self._tasks(into)
+        settings = ("seed", "scale", "language_seed", "num_topics", "unseen_words")
+        record = {**{k: getattr(self, k) for k in settings}, "version": self.version}
+        (into / "suite.json").write_text(json.dumps(record, indent=2))
 
-    def write(self, cache_dir: str | Path) -> Path:
-        root = Path(os.path.expanduser(str(cache_dir))) / "glue-synthetic" / fingerprint(self.key())
-        if (root / "suite.json").is_file():
-            return root
-
-        def build(tmp: Path) -> None:
-            self._generate(tmp)
-            (tmp / "suite.json").write_text(json.dumps(self.key(), indent=2))
-
-        return atomic.build_dir(root, build, replace=False)  # written at the same time by another: theirs
-
-    def _generate(self, out: Path) -> None:
+    def _tasks(self, out: Path) -> None:
         language = SyntheticLanguage(seed=self.language_seed, num_topics=self.num_topics)
         held = split_words(language, self.unseen_words, self.seed) if self.unseen_words > 0 else None
         seen = list(range(max(1, self.num_topics - 2)))  # MNLI mismatched: the last two topics
