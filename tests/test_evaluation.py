@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from pretrainlab.evaluation import conll as ner
 from pretrainlab.evaluation.blimp import BlimpDataError, SyntheticPairs, breakdown, read_local
+from pretrainlab.evaluation.data import DataBlock
 from pretrainlab.model.encoder import Encoder, EncoderConfig
 from pretrainlab.tokens import SpecialTokens
 from tests.conftest import CONF, SMALL, compose_config, compose_train
@@ -235,7 +236,7 @@ def test_a_conll_file_without_its_entity_column_is_refused_not_read_from_another
     dev = "BRUSSELS NNP I-NP\n1996-08-22 CD I-NP\n\n"
     (tmp_path / "train.txt").write_text(train)
     (tmp_path / "dev.txt").write_text(dev)
-    for read in (lambda: ner.read_local(tmp_path), lambda: ner.load("local", str(tmp_path), tmp_path)):
+    for read in (lambda: ner.read_local(tmp_path), lambda: ner.load(DataBlock("ner", "local", str(tmp_path)))):
         with pytest.raises(ner.ConllDataError, match="lines have 3 fields.*chunk tags.*ner.tag_column=<n>"):
             read()
     chunks = ner.read_local(tmp_path, tag_column=3)  # said explicitly: the third column is what is read
@@ -340,7 +341,6 @@ def test_blimp_refuses_empty_missing_repeated_and_malformed_pairs_naming_file_an
 
 def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
     from pretrainlab.evaluation.blimp import load_pairs
-    from pretrainlab.evaluation.data import DataBlock
 
     root = SyntheticPairs(pairs=5).write(tmp_path / "cache")
     copy = tmp_path / "blimp"
@@ -540,7 +540,9 @@ def test_ner_pipeline_matches_transformers_token_classification(encoders, tmp_pa
         evaluate(encoders["roberta"], "ner", tmp_path / f"ours{s}", *settings, f"seed={s}")["metrics"]["f1"]
         for s in (0, 1)
     ]
-    splits, _ = ner.load("synthetic", None, os.environ["PRETRAINLAB_CACHE"], {"scale": 0.5})
+    splits, _ = ner.load(
+        DataBlock("ner", "synthetic", cache_dir=os.environ["PRETRAINLAB_CACHE"], synthetic={"scale": 0.5})
+    )
     labels = label_set(splits["train"])
     label_ids = {t: i for i, t in enumerate(labels)}
     hf_dir = export_hf(encoders["roberta"], tmp_path / "hf")

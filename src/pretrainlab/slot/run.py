@@ -47,7 +47,7 @@ from pretrainlab.slot.device import Utilisation, describe
 from pretrainlab.slot.inputs import digest, unpack
 from pretrainlab.slot.plan import largest_budget
 from pretrainlab.slot.report import slot_markdown
-from pretrainlab.studies.ablation import check_arm_names, check_study, pretraining_config, run_study, study_arms
+from pretrainlab.studies import ablation
 from pretrainlab.studies.parallel import measure_work, run_parallel
 from pretrainlab.studies.throughput import Windows, read_rates
 
@@ -122,7 +122,7 @@ def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> 
     """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, one pretraining seed,
     its directories under ``work``, its data from the unpacked ``inputs``."""
 
-    check_arm_names(overrides)
+    ablation.check_arm_names(overrides)
     located = [f"seeds=[{seed}]", f"output_root={work}", f"corpus={inputs / 'corpus'}"]
     # every other folder of the inputs holds one block of evaluation data (inputs.pack): glue, ner, blimp, ...
     blocks = sorted(d.name for d in inputs.iterdir() if d.is_dir() and d.name != "corpus") if inputs.is_dir() else []
@@ -173,11 +173,11 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     exchange.mkdir(parents=True)
     probe = cfg.copy()
     probe.budget_flops = 1.0  # replaced by a step count in each job: the budget is what calibration is for
-    objectives = list(study_arms(cfg))  # each arm's run is timed (an arm per objective, unless arms are given)
+    objectives = list(ablation.study_arms(cfg))  # each arm's run is timed (an arm per objective, unless arms are given)
     seed = int(cfg.seeds[0])
     work, names = [], {}
     for objective in objectives:
-        train_cfg, _ = pretraining_config(probe, objective, seed)
+        train_cfg, _ = ablation.pretraining_config(probe, objective, seed)
         name = f"calibrating {objective}"
         names[name] = objective
         kwargs = {
@@ -387,7 +387,7 @@ def run_slot(a: SlotArgs) -> Path:
         checked.budget_flops = float(
             (kept or {}).get("budget_flops") or a.budget_flops or planned_from or 1.0  # 1.0: replaced by the plan
         )
-        check_study(checked)
+        ablation.check_study(checked)
         refused = False
         earlier = earlier_starts(study_dir / "report")
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
@@ -414,7 +414,7 @@ def run_slot(a: SlotArgs) -> Path:
         study_dir.mkdir(parents=True, exist_ok=True)
         atomic.write_json(plan_file, plan)
         cfg.budget_flops = float(plan["budget_flops"])
-        run_study(cfg, timeline=timeline.mark)
+        ablation.run_study(cfg, timeline=timeline.mark)
     except BaseException as e:
         record["error"] = f"{type(e).__name__}: {e}"
         log.error("slot failed: %s", record["error"])
