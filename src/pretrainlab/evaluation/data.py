@@ -100,8 +100,8 @@ class DataBlock:
     def synthetic_language(self) -> dict[str, int]:
         """The synthetic language its synthetic set is drawn from (compared with the encoder's corpus)."""
         return {
-            "language_seed": self.synthetic.get("language_seed", 0),
-            "num_topics": self.synthetic.get("num_topics", 8),
+            "language_seed": self.synthetic.get("language_seed", SyntheticSet.language_seed),
+            "num_topics": self.synthetic.get("num_topics", SyntheticSet.num_topics),
         }
 
 

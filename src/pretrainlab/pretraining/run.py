@@ -29,7 +29,7 @@ from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective, check_targets
 from pretrainlab.optim import Budget, StepProgress
-from pretrainlab.pretraining.assembly import Model, build_encoder_config, build_objective
+from pretrainlab.pretraining.assembly import Model, build_model, build_objective
 from pretrainlab.pretraining.learning_log import LearningLog
 from pretrainlab.pretraining.module import PretrainModule
 from pretrainlab.pretraining.record import identity
@@ -54,7 +54,7 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, Devices]:
     """Refuse settings that cannot work, before anything expensive happens. Builds the model and
     the objective once on the meta device (no memory), so that every one of their settings is
     checked by their own constructors; returns the encoder config (its vocabulary size provisional)
-    and the device devices (devices, batch split, compile settings), decided here once for the run."""
+    and its devices (processes, batch split, compile settings), decided here once for the run."""
     check_pretraining(cfg)
     try:
         check_fractions(cfg.get("snapshots"))
@@ -282,15 +282,14 @@ def assemble(
     scheduled over other steps); ``budget``: how long it trains (None: the config's budget, sized with
     the examples)."""
     data, tokens = build_data(cfg)
-    encoder_config = build_encoder_config(cfg, tokens.vocab_size)
+    model = build_model(cfg, tokens)
+    encoder_config, objective = model.encoder_config, model.objective
     data_id = identity(data.corpus_key, data.tokenizer_spec)
     info = run_info(plain(cfg.objective), encoder_config.to_dict(), data_id)
     recorded: dict = {}
     if resume_from is not None:
         recorded = check_resumable(resume_from, info).get(CHECKPOINT_KEY) or {}
     info["software"] = code_history(recorded.get("software"))  # the code it was trained with, over every resumption
-    model = Model(encoder_config, build_objective(cfg, encoder_config, tokens))
-    objective = model.objective
     log.info("%s", devices.describe())
     datamodule = build_datamodule(cfg, data, objective, devices)
     flops_per_token = float(objective.mean_flops_per_token(encoder_config, cfg.max_seq_len))
@@ -450,8 +449,6 @@ __all__ = [
     "build_budget",
     "build_data",
     "build_datamodule",
-    "build_encoder_config",
-    "build_objective",
     "build_schedule",
     "build_trainer",
     "check_same_schedule",

@@ -158,13 +158,11 @@ class GlueTask(FineTuned):
         if root is None:
             return None
         files = task_files(self.spec, root)
-        names = ["train.tsv", *(filename for filename, _ in self.spec.eval_splits.values())]
-        folder = root / self.spec.directory
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing and len(missing) < len(names):  # none at all: the caller names the folder
+        if files and len(files) < len(self.spec.files):  # none at all: the caller names the folder
+            missing = [n for n in self.spec.files if root / self.spec.directory / n not in files]
             raise FileNotFoundError(
-                f"{folder} lacks {', '.join(missing)}: {self.spec.name} reads {', '.join(names)} (GLUE's "
-                f"download_glue_data.py layout)"
+                f"{root / self.spec.directory} lacks {', '.join(missing)}: {self.spec.name} reads "
+                f"{', '.join(self.spec.files)} (GLUE's download_glue_data.py layout)"
             )
         return files
 

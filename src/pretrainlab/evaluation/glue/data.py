@@ -170,9 +170,8 @@ def glue_root(data: DataBlock) -> Path | None:
 
 
 def task_files(spec: TaskSpec, root: Path) -> list[Path]:
-    """The files of ``spec`` that ``root`` holds, of those it reads: ``train.tsv`` and its dev splits'."""
-    names = ["train.tsv", *(filename for filename, _ in spec.eval_splits.values())]
-    return [root / spec.directory / n for n in names if (root / spec.directory / n).is_file()]
+    """The files of ``spec`` (``TaskSpec.files``) that ``root`` holds."""
+    return [root / spec.directory / n for n in spec.files if (root / spec.directory / n).is_file()]
 
 
 def load_task(spec: TaskSpec, data: DataBlock) -> dict[str, GlueSplit]:

@@ -38,6 +38,11 @@ class TaskSpec:
     def is_pair(self) -> bool:
         return self.text_b is not None
 
+    @property
+    def files(self) -> list[str]:
+        """The files it reads in its folder of a local GLUE directory: ``train.tsv`` and its dev splits'."""
+        return ["train.tsv", *(filename for filename, _ in self.eval_splits.values())]
+
     def metric_names(self) -> list[str]:
         """Metric keys of this task's results: e.g. ``mcc``, ``f1`` + ``accuracy``, ``accuracy_m``."""
         return [f"{m}{suffix}" for _, suffix in self.eval_splits.values() for m in self.metrics]
