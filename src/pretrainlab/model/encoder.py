@@ -200,6 +200,21 @@ class EncoderConfig:
         )
 
 
+@dataclass
+class EncoderCall:
+    """The arguments of one :meth:`Encoder.forward` call (those an objective's training step makes):
+    what an objective's loss needs from the encoder, named before any encoder runs, so that the calls
+    of several runs can be made as one (``model.stacked``)."""
+
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+    def __call__(self, encoder: Encoder) -> EncoderOutput:
+        return encoder(self.input_ids, self.token_type_ids, self.attention_mask, rows=self.rows)
+
+
 class EncoderOutput(NamedTuple):
     hidden_states: torch.Tensor  # (batch, seq, hidden)
     pooled: torch.Tensor | None  # (batch, hidden): tanh(dense([CLS])), when the config has a pooler
@@ -253,6 +268,14 @@ def attention(
     return torch.bmm(dropout(scores.softmax(-1), dropout_p), v3).view(b, nh, tq, d)
 
 
+def linear_part(layer: nn.Module, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Outputs ``start:end`` of the linear ``layer`` on ``x``: the queries, or the keys and values, of
+    the fused QKV projection. A layer of several runs' weights (``model.stacked``) says how (``part``)."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, layer.weight[start:end], None if layer.bias is None else layer.bias[start:end])
+    return layer.part(x, start, end)  # type: ignore[operator]
+
+
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """(batch, seq, width) at (batch, slots) positions -> (batch, slots, width)."""
     return x.gather(1, rows[:, :, None].expand(-1, -1, x.shape[-1]))
@@ -278,14 +301,13 @@ class SelfAttention(nn.Module):
         (batch, slots, hidden). ``queries`` ((batch, n, hidden), a second stream): n more query rows,
         after those of ``x``, projected with the same weights; ``attn_mask`` then has a row for each."""
         b, _, h = x.shape
-        w, bias = self.qkv.weight, self.qkv.bias
         if rows is None:  # every position queries: q, k and v from one matmul
             q, k, v = self.qkv(x).split(h, dim=-1)
         else:
-            k, v = F.linear(x, w[h:], bias[h:]).split(h, dim=-1)
-            q = F.linear(gather_rows(x, rows), w[:h], bias[:h])
+            k, v = linear_part(self.qkv, x, h, 3 * h).split(h, dim=-1)
+            q = linear_part(self.qkv, gather_rows(x, rows), 0, h)
         if queries is not None:
-            q = torch.cat([q, F.linear(queries, w[:h], bias[:h])], dim=1)
+            q = torch.cat([q, linear_part(self.qkv, queries, 0, h)], dim=1)
         p = self.attention_dropout if self.training else 0.0
         y = attention(self._split(q), self._split(k), self._split(v), attn_mask, p)
         return self.out(y.transpose(1, 2).reshape(b, -1, h))
@@ -521,6 +543,7 @@ __all__ = [
     "ConfigError",
     "Embeddings",
     "Encoder",
+    "EncoderCall",
     "EncoderConfig",
     "EncoderOutput",
     "SelfAttention",

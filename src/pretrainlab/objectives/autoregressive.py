@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from pretrainlab.data.packing import PackedBlocks
-from pretrainlab.model.encoder import Encoder
+from pretrainlab.model.encoder import Encoder, EncoderOutput
 from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
@@ -34,12 +34,26 @@ class Autoregressive(Objective):
         return PackedBlocks(max_seq_len, self.tokens.cls_id, self.tokens.sep_id)
 
     def encode(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
-        """The hidden states the head scores: one row per label of ``<prefix>_labels``."""
-        raise NotImplementedError
+        """The hidden states the head scores: one row per label of ``<prefix>_labels``. By default the
+        last layer of :meth:`encoder_call`'s forward; a subclass whose rows need more overrides it."""
+        call = self.encoder_call(batch)
+        if call is None:
+            raise NotImplementedError(f"objective {self.name}: implement encode, or encoder_call")
+        return call(encoder).hidden_states
 
     def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+        call = self.encoder_call(batch)
+        if call is not None:
+            return self.loss_of(encoder, batch, call(encoder))
+        return self.lm_loss(encoder, batch, self.encode(encoder, batch))
+
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
+        return self.lm_loss(encoder, batch, out.hidden_states)
+
+    def lm_loss(self, encoder: Encoder, batch: Batch, hidden: torch.Tensor) -> ObjectiveOutput:
+        """The head's loss and accuracy at ``hidden``, the rows :meth:`encode` gives."""
         labels = batch[f"{self.prefix}_labels"]
-        loss, acc = self.lm_head.loss(self.encode(encoder, batch), encoder.word_embeddings.weight, labels)
+        loss, acc = self.lm_head.loss(hidden, encoder.word_embeddings.weight, labels)
         return ObjectiveOutput(loss, {f"{self.prefix}_loss": loss.detach(), f"{self.prefix}_acc": acc})
 
     @torch.no_grad()

@@ -15,6 +15,10 @@ head, its loss, FLOPs and export.
         def example_builder(self, max_seq_len) -> ExampleBuilder          # documents -> examples
         def collator(self, length=None) -> Collator                       # picklable, no weights
         def forward(self, encoder, batch) -> ObjectiveOutput              # loss + detached metrics
+          # or, when the loss needs one encoder forward: the two halves of it (runs of such
+          # objectives can be trained fused, pretraining.fused)
+        def encoder_call(self, batch) -> EncoderCall                       # the encoder forward it needs
+        def loss_of(self, encoder, batch, out) -> ObjectiveOutput          # the loss from that forward's output
         def flops_per_token(self, encoder_config, seq_len) -> float       # for compute-matched runs
         def sentence_scores(self, encoder, sequences) -> np.ndarray        # zero-shot log-likelihoods
         def tally(self, encoder, batch) -> Tally                          # held-out counts per head
@@ -47,7 +51,7 @@ from torch import nn
 
 from pretrainlab.config import ConfigError
 from pretrainlab.data.examples import Example, ExampleBuilder
-from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.objectives.learning import HeadCheck, Tally
 from pretrainlab.tokens import SpecialTokens
 
@@ -120,8 +124,26 @@ class Objective(nn.Module):
         """The batch maker. ``length``: pad every batch to it (static shapes), else to its longest."""
         raise NotImplementedError
 
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+    def encoder_call(self, batch: Batch) -> EncoderCall | None:
+        """The one encoder forward the loss on ``batch`` needs, named before the encoder runs; the loss
+        is then :meth:`loss_of` its output. None (the default) for an objective whose loss needs more
+        (ELECTRA: the generator's forward, then the discriminator's on its samples; XLNet: a query
+        stream built from the embeddings), which implements ``forward`` itself. Runs of objectives
+        that name their call can be trained fused, several runs of one encoder shape as one batched
+        model (``pretraining.fused``): every call is then made at once."""
+        return None
+
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
+        """The loss and metrics from ``out``, the output of :meth:`encoder_call`'s forward. Reads
+        nothing of ``encoder`` but ``word_embeddings.weight`` (a tied head) and ``config``: in a fused
+        group it is one run's view of the batched model (``model.stacked.MemberView``)."""
         raise NotImplementedError
+
+    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+        call = self.encoder_call(batch)
+        if call is None:
+            raise NotImplementedError(f"objective {self.name}: implement forward, or encoder_call and loss_of")
+        return self.loss_of(encoder, batch, call(encoder))
 
     def flops_per_token(self, encoder_config: EncoderConfig, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per input token, at the objective's settings as they

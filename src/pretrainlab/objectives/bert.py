@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from pretrainlab.config import ConfigError
 from pretrainlab.data.sentence_pairs import UNITS, SentencePairs
-from pretrainlab.model.encoder import Encoder, EncoderConfig
+from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput
 from pretrainlab.model.heads import PairHead
 from pretrainlab.objectives.base import Batch, ObjectiveOutput, loss_weight
 from pretrainlab.objectives.learning import HeadCheck, Tally, pair_check, pair_metrics, pair_tally
@@ -58,8 +58,7 @@ class BERT(MaskedLM):
             max_seq_len, self.tokens.cls_id, self.tokens.sep_id, self.pair_task, self.short_seq_prob, self.pair_unit
         )
 
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        out = self.encode(encoder, batch)
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
         mlm_loss, mlm_acc = self.mlm_loss(out, encoder, batch)
         pair_logits = self.pair_head(out.pooled).float()
         pair_loss = F.cross_entropy(pair_logits, batch["labels"])

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pretrainlab.data.examples import Example
-from pretrainlab.model.encoder import Encoder, EncoderConfig, flops_per_token
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderConfig, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead
 from pretrainlab.objectives.autoregressive import Autoregressive
 from pretrainlab.objectives.base import Batch, by_length, pad_examples
@@ -71,8 +71,8 @@ class CausalLM(Autoregressive):
     def collator(self, length: int | None = None) -> CausalCollator:
         return CausalCollator(self.tokens, length)
 
-    def encode(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
-        return encoder(batch["input_ids"], None, causal_mask(batch["attention_mask"])).hidden_states
+    def encoder_call(self, batch: Batch) -> EncoderCall:
+        return EncoderCall(batch["input_ids"], None, causal_mask(batch["attention_mask"]))
 
     @torch.no_grad()
     def sentence_scores(self, encoder: Encoder, sequences: list[np.ndarray], max_tokens: int = 8192) -> np.ndarray:

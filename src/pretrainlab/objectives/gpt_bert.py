@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pretrainlab.data.examples import Example
-from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import IGNORE
 from pretrainlab.objectives.base import Batch, ObjectiveOutput
 from pretrainlab.objectives.clm import causal_mask, next_tokens
@@ -122,22 +122,30 @@ class GPTBERT(RoBERTa):
         finally:
             self.causal_share = share
 
-    def hidden(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
-        """Every position's last layer, each row under its own pattern: causal rows causal, masked rows
-        bidirectional (padding excluded)."""
+    def encoder_call(self, batch: Batch) -> EncoderCall | None:
+        """With causal rows: every position's last layer, each row under its own pattern (causal rows
+        causal, masked rows bidirectional, padding excluded). Without (a share of 0): RoBERTa's."""
+        if "clm_labels" not in batch:
+            return super().encoder_call(batch)
         real = batch["attention_mask"].bool()
         pattern = torch.where(batch["causal"][:, None, None], causal_mask(real), real[:, None, :])
-        return encoder(batch["input_ids"], None, pattern).hidden_states
+        return EncoderCall(batch["input_ids"], None, pattern)
 
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
+    def hidden(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
+        """Every position's last layer (a batch with causal rows; see :meth:`encoder_call`)."""
+        call = self.encoder_call(batch)
+        assert call is not None
+        return call(encoder).hidden_states
+
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
         """One loss, the mean over every predicted token of the batch, both kinds together (their
         rows and labels side by side; a batch may hold no causal row). Each kind's accuracy is in
         the held-out checks (``learning/mlm_*``, ``learning/clm_*``). A batch without causal rows
         (a share of 0) is RoBERTa's: the last layer runs at the masked rows only."""
         if "clm_labels" not in batch:
-            loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
+            loss, acc = self.mlm_loss(out, encoder, batch)
             return ObjectiveOutput(loss, {"lm_loss": loss.detach(), "lm_acc": acc})
-        hidden = self.hidden(encoder, batch)
+        hidden = out.hidden_states
         positions = batch["mlm_positions"]
         at_masked = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[-1]))
         rows = torch.cat([at_masked, hidden], dim=1)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pretrainlab.data.examples import Example
-from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import MaskedLMHead
 from pretrainlab.objectives.base import Batch, Objective, ObjectiveOutput, pad_examples, pseudo_log_likelihood
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
@@ -147,11 +147,17 @@ class MaskedLM(MaskingSchedule, Objective):
     def collator(self, length: int | None = None) -> MaskedLMCollator:
         return MaskedLMCollator(self.tokens, self.masking, length)
 
-    def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
-        """The encoder's output at the masked rows (and the pooled [CLS], when it has a pooler)."""
-        return encoder(
+    def encoder_call(self, batch: Batch) -> EncoderCall | None:
+        """The masked rows' last layer (and the pooled [CLS], when the encoder has a pooler)."""
+        return EncoderCall(
             batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], rows=batch["mlm_positions"]
         )
+
+    def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
+        """The encoder's output at the masked rows (and the pooled [CLS], when it has a pooler)."""
+        call = self.encoder_call(batch)
+        assert call is not None
+        return call(encoder)
 
     def targets_per_sequence(self, max_seq_len: int) -> dict[str, float]:
         content = max_seq_len - 2  # [CLS] and [SEP] are never predicted
@@ -163,8 +169,8 @@ class MaskedLM(MaskingSchedule, Objective):
         slots, hidden), laid out as ``batch["mlm_positions"]``."""
         return self.mlm_head.loss(out.hidden_states, encoder.word_embeddings.weight, batch["mlm_labels"])
 
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        loss, acc = self.mlm_loss(self.encode(encoder, batch), encoder, batch)
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
+        loss, acc = self.mlm_loss(out, encoder, batch)
         return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
 
     def mlm_tally(self, out: EncoderOutput, encoder: Encoder, batch: Batch) -> Tally:

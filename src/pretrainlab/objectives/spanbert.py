@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from pretrainlab.data.examples import Example
-from pretrainlab.model.encoder import Encoder, EncoderConfig, EncoderOutput, flops_per_token
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderConfig, EncoderOutput, flops_per_token
 from pretrainlab.model.heads import IGNORE, MaskedLMHead
 from pretrainlab.objectives.base import Batch, ObjectiveOutput, loss_weight
 from pretrainlab.objectives.learning import HeadCheck, Tally, masked_check, masked_metrics, masked_tally
@@ -130,13 +130,13 @@ class SpanBERT(RoBERTa):
             boundaries=self.boundary_objective,
         )
 
-    def encode(self, encoder: Encoder, batch: Batch) -> EncoderOutput:
+    def encoder_call(self, batch: Batch) -> EncoderCall | None:
         """The last layer at the span tokens, then (with SBO) at their left and right boundaries:
         (batch, 3 x slots, hidden)."""
         if self.sbo_head is None:
-            return super().encode(encoder, batch)
+            return super().encoder_call(batch)
         rows = torch.cat([batch["mlm_positions"], batch["sbo_left"], batch["sbo_right"]], dim=1)
-        return encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], rows=rows)
+        return EncoderCall(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], rows=rows)
 
     def split(self, out: EncoderOutput, batch: Batch) -> tuple[EncoderOutput, torch.Tensor, torch.Tensor]:
         """The span tokens' output, the SBO head's inputs, and its labels (the span tokens within
@@ -148,8 +148,7 @@ class SpanBERT(RoBERTa):
         labels = torch.where(offset < self.max_targets, batch["mlm_labels"], IGNORE)
         return EncoderOutput(at_span, out.pooled), self.sbo_head.inputs(left, right, offset), labels
 
-    def forward(self, encoder: Encoder, batch: Batch) -> ObjectiveOutput:
-        out = self.encode(encoder, batch)
+    def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
         if self.sbo_head is None:
             loss, acc = self.mlm_loss(out, encoder, batch)
             return ObjectiveOutput(loss, {"mlm_loss": loss.detach(), "mlm_acc": acc})
