@@ -1,0 +1,118 @@
+"""CUDA's Multi-Process Service for several runs on one GPU.
+
+Without it, the processes of a study that share a GPU take turns on it: one process's kernels at a
+time. The MPS control daemon lets their kernels run at once. ``mps(directory)`` starts a daemon of
+its own (its pipe and log folders in ``directory``, so that it neither needs nor disturbs a
+machine-wide one), gives the environment that its clients must be started with, and stops it when
+the block ends, whatever happens; where the device has no MPS (no CUDA, no control binary, a daemon
+that does not start), it says why and the block runs without it.
+
+    with mps(work / "mps") as daemon:
+        env = {**os.environ, **daemon.env}       # empty when daemon.running is False
+        log.info(daemon.status)                  # "MPS: running (...)" or "MPS: not used: <why>"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("pretrainlab")
+
+CONTROL = "nvidia-cuda-mps-control"
+
+
+@dataclass
+class Daemon:
+    """Whether an MPS daemon runs for this block (``running``), why not (``reason``), and the
+    environment its clients need (``env``: the pipe and log folders)."""
+
+    running: bool
+    reason: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return (
+            f"MPS: running ({self.env.get('CUDA_MPS_PIPE_DIRECTORY')})"
+            if self.running
+            else f"MPS: not used: {self.reason}"
+        )
+
+
+def _cuda_visible() -> str | None:
+    """Why there is no CUDA device to share, or None."""
+    if shutil.which("nvidia-smi") is None:
+        return "no NVIDIA driver here (nvidia-smi not found)"
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"nvidia-smi failed: {e}"
+    if out.returncode != 0 or "GPU" not in out.stdout:
+        return f"no GPU listed by nvidia-smi -L ({(out.stderr or out.stdout).strip()[:200]})"
+    return None
+
+
+def _control(env: dict[str, str], command: str | None, timeout: float = 20.0) -> subprocess.CompletedProcess:
+    args = [CONTROL] if command is not None else [CONTROL, "-d"]
+    return subprocess.run(
+        args, input=command, capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout
+    )
+
+
+@contextmanager
+def mps(directory: Path, wanted: bool = True) -> Iterator[Daemon]:
+    """An MPS control daemon of this block's own, in ``directory`` (see the module docstring)."""
+    if not wanted:
+        yield Daemon(False, "not asked for")
+        return
+    why = _cuda_visible()
+    if why is None and shutil.which(CONTROL) is None:
+        why = f"{CONTROL} not found on PATH (the CUDA driver's MPS binaries are not installed here)"
+    if why is not None:
+        log.warning("MPS: not used: %s", why)
+        yield Daemon(False, why)
+        return
+    pipe, logs = Path(directory) / "pipe", Path(directory) / "log"
+    pipe.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+    try:
+        started = _control(env, None)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        yield Daemon(False, f"{CONTROL} -d failed: {e}")
+        return
+    if started.returncode != 0:
+        why = f"{CONTROL} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()[:300]}"
+        log.warning("MPS: not used: %s", why)
+        yield Daemon(False, why)
+        return
+    time.sleep(0.5)
+    daemon = Daemon(True, env=env)
+    log.info("%s", daemon.status)
+    try:
+        yield daemon
+    finally:
+        try:
+            _control(env, "quit\n")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("MPS: stopping the daemon failed: %s (log: %s)", e, logs)
+
+
+def daemon_log(directory: Path, lines: int = 20) -> str:
+    """The end of the control daemon's log (what a client that could not connect finds there)."""
+    path = Path(directory) / "log" / "control.log"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no MPS log)"
+
+
+__all__ = ["CONTROL", "Daemon", "daemon_log", "mps"]
