@@ -46,8 +46,20 @@ from pretrainlab import atomic
 
 log = logging.getLogger("pretrainlab")
 
-ALL_LEVERS = ("today", "graphs", "batch", "fused", "fused+graphs", "mps", "mps+graphs", "mps+fused", "mps+fused+graphs")
-DEFAULT_LEVERS = ALL_LEVERS
+ALL_LEVERS = (
+    "today", "graphs", "batch", "batch+graphs", "fused", "fused+graphs",
+    "mps", "mps+graphs", "mps+batch+graphs", "mps+fused", "mps+fused+graphs",
+)  # fmt: skip
+DEFAULT_LEVERS = (
+    "today",
+    "graphs",
+    "batch",
+    "fused+graphs",
+    "mps",
+    "mps+graphs",
+    "mps+batch+graphs",
+    "mps+fused+graphs",
+)
 SPECIAL = 5  # ids 0-4: pad, unk, cls, sep, mask
 
 
@@ -192,6 +204,9 @@ class Trainer:
     def prepare(self, name: str, v: Variant) -> None:
         """The variant's batches on the device and its step function, compiled."""
         import torch
+        from omegaconf import OmegaConf
+
+        from pretrainlab.runtime.settings import compile_options
 
         spec, n = self.spec, 4
         static = v.static or self.fused  # a fused group's batches are of one shape
@@ -218,7 +233,12 @@ class Trainer:
                 return objective(encoder, batch)
 
             fn = objective_loss
-        self.steps[name] = fn if v.mode is None else torch.compile(fn, mode=v.mode)
+        options = compile_options(
+            OmegaConf.create(
+                {"compile": v.mode is not None, "compile_mode": v.mode or "default", "static_shapes": static}
+            )
+        )
+        self.steps[name] = fn if options is None else torch.compile(fn, **options)  # as training compiles
 
     def step(self, name: str, i: int) -> None:
         import torch
@@ -344,6 +364,7 @@ def plan(
         "default": {"batch": batch, "mode": "default", "static": False},
         "graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
         "batch": {"batch": batch * factor, "mode": "default", "static": False},
+        "batch-graphs": {"batch": batch * factor, "mode": "reduce-overhead", "static": True},
         "fused": {"batch": batch, "mode": "default", "static": True},
         "fused-graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
     }
@@ -362,7 +383,7 @@ def plan(
             members["fused"] = "fused-graphs" if graphs else "fused"
             members |= {o: "graphs" if graphs else "default" for o in others}
         elif "batch" in parts:
-            members = {o: "batch" for o in objectives}
+            members = {o: "batch-graphs" if graphs else "batch" for o in objectives}
         else:
             members = {o: "graphs" if graphs else "default" for o in objectives}
         for w, variant in members.items():
@@ -552,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="mini")
     parser.add_argument("--objectives", default="all", help="comma-separated, or all (every conf/objective/ option)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per step; default the slot's (256)")
-    parser.add_argument("--batch-factor", type=int, default=4, help="the batch lever's multiple of --batch")
+    parser.add_argument("--batch-factor", type=int, default=2, help="the batch lever's multiple of --batch")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=8192, help="the slot's WordPiece vocabulary size")
     parser.add_argument(
