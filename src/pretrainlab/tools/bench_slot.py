@@ -357,13 +357,14 @@ def groups(objectives: list[str], model: str, overrides: list[str] | None = None
 
 
 def plan(
-    objectives: list[str], fused: list[str], levers: list[str], batch: int, factor: int
+    objectives: list[str], fused: list[str], levers: list[str], batch: int, factor: int, static: bool = False
 ) -> tuple[dict, list[Config]]:
-    """The workers (name -> spec fields) and the configurations to time."""
+    """The workers (name -> spec fields) and the configurations to time; ``static``: compiled without
+    CUDA graphs at static shapes too (``static_shapes=true``), else with shapes that vary (the default)."""
     v = {
-        "default": {"batch": batch, "mode": "default", "static": False},
+        "default": {"batch": batch, "mode": "default", "static": static},
         "graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
-        "batch": {"batch": batch * factor, "mode": "default", "static": False},
+        "batch": {"batch": batch * factor, "mode": "default", "static": static},
         "batch-graphs": {"batch": batch * factor, "mode": "reduce-overhead", "static": True},
         "fused": {"batch": batch, "mode": "default", "static": True},
         "fused-graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
@@ -582,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--levers", default=",".join(DEFAULT_LEVERS), help=f"comma-separated, of: {', '.join(ALL_LEVERS)}"
     )
+    parser.add_argument(
+        "--static-shapes",
+        action="store_true",
+        help="every batch max_seq_len wide without CUDA graphs too (static_shapes=true)",
+    )
     parser.add_argument("--eager", action="store_true", help="no torch.compile (a CPU check of the machinery)")
     parser.add_argument("--warmup-steps", type=int, default=6, help="untimed steps per variant (compiles happen here)")
     parser.add_argument("--window-s", type=float, default=8.0, help="seconds each configuration is timed")
@@ -625,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "fusable (one encoder shape, one encoder call): %s; alone: %s", ", ".join(fused) or "none", ", ".join(others)
     )
-    workers, configs = plan(objectives, fused, levers, batch, args.batch_factor)
+    workers, configs = plan(objectives, fused, levers, batch, args.batch_factor, args.static_shapes)
     if args.eager:
         for spec in workers.values():
             for v in spec["variants"].values():
@@ -680,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = aggregate(configs, results, workers)
         about = (
             f"{hardware}; model={args.model}, {len(objectives)} runs ({', '.join(objectives)}), batch {batch} x "
-            f"{args.seq_len} tokens, {precision}, {'eager' if args.eager else 'compiled'}; fused group: "
+            f"{args.seq_len} tokens, {precision}, {'eager' if args.eager else 'compiled'}"
+            f"{', static shapes' if args.static_shapes else ''}; fused group: "
             f"{', '.join(fused) or 'none'}; each configuration timed for {args.window_s:.0f} s after "
             f"{args.warmup_steps} warm-up steps per variant"
             + (f"; bf16 matrix-product peak {peak / 1e12:.0f} TFLOP/s (8192 x 8192, same call)" if peak else "")
