@@ -27,6 +27,7 @@ arithmetic in that layer). Token types left out are type 0, as the encoder reads
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from torch import nn
 from pretrainlab.config import ConfigError
 from pretrainlab.model.encoder import (
     Dropout,
+    Embeddings,
     Encoder,
     EncoderCall,
     EncoderConfig,
@@ -91,7 +93,7 @@ class StackedEmbeddings(nn.Module):
     """``runs`` embedding modules (``encoder.Embeddings``) of one shape: word, position and segment
     tables (runs, entries, width), then each run's LayerNorm and the dropout."""
 
-    def __init__(self, embeddings: list[nn.Module]):
+    def __init__(self, embeddings: list[Embeddings]):
         super().__init__()
         self.word = _stack([e.word_embeddings.weight for e in embeddings])
         self.position = _stack([e.position_embeddings.weight for e in embeddings])
@@ -156,22 +158,20 @@ class StackedEncoder(nn.Module):
         template = Encoder.__new__(Encoder)
         nn.Module.__init__(template)
         template.config = self.config
-        template.embeddings = StackedEmbeddings([e.embeddings for e in encoders])  # type: ignore[misc]
-        template.embedding_projection = (
-            None
-            if encoders[0].embedding_projection is None
-            else StackedLinear([e.embedding_projection for e in encoders])  # type: ignore[misc]
+        first = encoders[0]
+        stacked: Any = template  # its modules, each given its stacked form (another type than Encoder declares)
+        stacked.embeddings = StackedEmbeddings([cast(Embeddings, e.embeddings) for e in encoders])
+        stacked.embedding_projection = (
+            None if first.embedding_projection is None else StackedLinear([e.embedding_projection for e in encoders])  # type: ignore[misc]
         )
         layers = []
         for i in range(self.config.num_layers):
-            layer = copy.deepcopy(encoders[0].layers[i]).to("meta")
+            layer = copy.deepcopy(first.layers[i]).to("meta")
             _replace(layer, [e.layers[i] for e in encoders])
             layers.append(layer)
-        template.layers = nn.ModuleList(layers)
-        template.final_norm = (
-            None if encoders[0].final_norm is None else StackedLayerNorm([e.final_norm for e in encoders])  # type: ignore[misc]
-        )
-        template.pooler = None if encoders[0].pooler is None else StackedLinear([e.pooler for e in encoders])  # type: ignore[misc]
+        stacked.layers = nn.ModuleList(layers)
+        stacked.final_norm = None if first.final_norm is None else StackedLayerNorm([e.final_norm for e in encoders])  # type: ignore[misc]
+        stacked.pooler = None if first.pooler is None else StackedLinear([e.pooler for e in encoders])  # type: ignore[misc]
         self.encoder = template
         # which runs train each parameter (a pooler is frozen in runs whose objective does not use it)
         self.trained = {

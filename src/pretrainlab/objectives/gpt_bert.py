@@ -127,15 +127,18 @@ class GPTBERT(RoBERTa):
         causal, masked rows bidirectional, padding excluded). Without (a share of 0): RoBERTa's."""
         if "clm_labels" not in batch:
             return super().encoder_call(batch)
+        return self.every_row(batch)
+
+    def every_row(self, batch: Batch) -> EncoderCall:
+        """Every position's last layer, each row under its own pattern (``batch["causal"]``)."""
         real = batch["attention_mask"].bool()
         pattern = torch.where(batch["causal"][:, None, None], causal_mask(real), real[:, None, :])
         return EncoderCall(batch["input_ids"], None, pattern)
 
     def hidden(self, encoder: Encoder, batch: Batch) -> torch.Tensor:
-        """Every position's last layer (a batch with causal rows; see :meth:`encoder_call`)."""
-        call = self.encoder_call(batch)
-        assert call is not None
-        return call(encoder).hidden_states
+        """Every position's last layer, each row under its own pattern: causal rows causal, masked rows
+        bidirectional (padding excluded)."""
+        return self.every_row(batch)(encoder).hidden_states
 
     def loss_of(self, encoder: Encoder, batch: Batch, out: EncoderOutput) -> ObjectiveOutput:
         """One loss, the mean over every predicted token of the batch, both kinds together (their

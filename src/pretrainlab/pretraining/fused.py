@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -56,7 +57,8 @@ class FusedGroup(nn.Module):
     def forward(self, batches: Sequence[Batch]) -> list[ObjectiveOutput]:
         """One batch per run, in order: every run's loss and metrics."""
         calls = []
-        for objective, batch in zip(self.objectives, batches, strict=True):
+        for module, batch in zip(self.objectives, batches, strict=True):
+            objective = cast(Objective, module)
             call = objective.encoder_call(batch)
             if call is None:
                 raise ConfigError(
@@ -66,7 +68,7 @@ class FusedGroup(nn.Module):
             calls.append(call)
         outs = self.stacked(calls)
         return [
-            objective.loss_of(self.stacked.member(m), batch, out)  # type: ignore[operator]
+            cast(Objective, objective).loss_of(self.stacked.member(m), batch, out)  # type: ignore[arg-type]
             for m, (objective, batch, out) in enumerate(zip(self.objectives, batches, outs, strict=True))
         ]
 

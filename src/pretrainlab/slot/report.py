@@ -1,5 +1,5 @@
-"""``report/slot.md``: what a slot did, from its ``slot.json`` (``run.account``): the machine and the
-code, the share of the wall-clock pretraining had, the phases with the device's utilisation (each
+"""``report/slot.md``: what a slot did, from its ``slot.json`` (``run.account``): the machine, whether its
+processes shared the GPU through CUDA's MPS, the code, the share of the wall-clock pretraining had, the phases with the device's utilisation (each
 start's, for a slot continued), the plan against what happened run by run, and the jobs' aggregate
 throughput at once against one after another."""
 
@@ -32,6 +32,11 @@ def slot_markdown(record: dict) -> str:
         f"- **Command**: `{record.get('command', '?')}`, started {record.get('started', '?')}",
         f"- **Machine**: {device.get('device', '?')}, driver {device.get('driver') or '–'}, {device.get('cpu_cores')} CPU "
         f"cores; torch {device.get('torch')} (CUDA {device.get('cuda') or '–'})",
+        *(
+            [f"- **Processes sharing the GPU**: {(record['mps'] or {}).get('status', '–')}"]
+            if record.get("mps")
+            else []
+        ),
         f"- **Code**: {code.get('digest')} (commit {str(code.get('commit'))[:10]}{', uncommitted changes' if code.get('dirty') else ''})",
         f"- **Inputs**: {(record.get('inputs') or {}).get('digest', '–')}",
         f"- **Installed at the start**: {', '.join((record.get('installed') or {}).get('packages') or []) or 'nothing'}",

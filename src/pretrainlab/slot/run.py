@@ -37,8 +37,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError
+from pretrainlab.runtime import mps
 from pretrainlab.runtime.console import quiet_third_parties
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.runtime.signals import TimeUp, deadline
 from pretrainlab.slot.archive import write_archive
 from pretrainlab.slot.calibrate import plan_rates, throughput
@@ -64,6 +66,7 @@ HOW = (
     "data_dirs",
     "budget_flops",
     "jobs",
+    "mps",
     "slot",
 )
 
@@ -395,6 +398,13 @@ def run_slot(a: SlotArgs) -> Path:
         record.update(minutes=minutes, settings=settings(cfg), study=str(cfg.study))
         kept_s = float(cfg.slot.reserve_s.report)
         stack.enter_context(time_limit(deadline - kept_s, timeline, minutes, kept_s))
+        # every process of the slot (calibration, pretraining, evaluation) a client of one MPS daemon
+        first_run, _ = ablation.pretraining_config(checked, next(iter(ablation.study_arms(cfg))), a.seed)
+        daemon = stack.enter_context(
+            mps.shared(cfg.get("mps", "auto"), int(cfg.get("jobs", 1)), uses_cuda(first_run), study_dir / "logs")
+        )
+        record["mps"] = {"running": daemon.running, "status": daemon.status}
+        log.info("slot: %s", daemon.status)
         if kept is not None:
             plan = kept
             plan["source"] = f"{plan.get('source')}, kept from the slot's first start"

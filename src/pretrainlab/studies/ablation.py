@@ -52,11 +52,12 @@ from pretrainlab.evaluation.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
-from pretrainlab.runtime import wandb_runs
+from pretrainlab.runtime import mps, wandb_runs
 from pretrainlab.runtime.hydra import compose, options
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences, report_provenance
 from pretrainlab.runtime.rundir import latest_checkpoint, lock, unlock
 from pretrainlab.runtime.script import rerun_command
+from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.runtime.signals import exit_on_signal
 from pretrainlab.studies.cost import cost_report
 from pretrainlab.studies.intrinsic import (
@@ -402,6 +403,10 @@ class _Prepared:
                 slurm_resources(cfg, kind)
             check_cluster()
         self.jobs = check_jobs(cfg.get("jobs", 1), [c for _, c, _ in self.pending]) if self.launcher == "local" else 1
+        # processes sharing one CUDA GPU (jobs > 1): CUDA's MPS lets their kernels run at once
+        self.mps = cfg.get("mps", "auto")
+        self.cuda = any(uses_cuda(c) for _, c, _, _ in self.planned)
+        mps.check(self.mps, self.jobs, self.cuda)
 
     def suite_cfg(self, encoder: Path, init: str) -> DictConfig:
         gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *self.glue_overrides])
@@ -464,6 +469,20 @@ def _run_study(
     timeline: Callable[[str], None],
 ) -> dict:
     prepared = _Prepared(cfg, root, arms, fractions)
+    with mps.shared(prepared.mps, prepared.jobs, prepared.cuda, root / "logs") as daemon:
+        if prepared.jobs > 1 and prepared.launcher == "local":
+            log.info("the study's processes share the GPU: %s", daemon.status)
+        return _run_prepared(prepared, cfg, root, fractions, resume, timeline)
+
+
+def _run_prepared(
+    prepared: _Prepared,
+    cfg: DictConfig,
+    root: Path,
+    fractions: list[float],
+    resume: str,
+    timeline: Callable[[str], None],
+) -> dict:
     runs, pending, jobs, tasks, seeds = prepared.runs, prepared.pending, prepared.jobs, prepared.tasks, prepared.seeds
     suite_cfg, encoders = prepared.suite_cfg, prepared.encoders
     timeline("pretraining")

@@ -126,14 +126,22 @@ def make_batches(objective, count: int, batch_size: int, seq_len: int, static: b
     ]
 
 
-def build_run(objective_name: str, model: str, vocab: int, seed: int, overrides: list[str] | None = None):
-    """(encoder, objective, FLOPs per token at seq 128) of the slot's run of ``objective_name``."""
+def build_run(
+    objective_name: str,
+    model: str,
+    vocab: int,
+    seed: int,
+    overrides: list[str] | None = None,
+    train: list[str] | None = None,
+):
+    """(config, encoder, objective) of the slot's run of ``objective_name`` (``overrides``: of the slot's
+    config, conf/ablate_slot.yaml; ``train``: train.py overrides after the slot's), its weights seeded by ``seed``."""
     import torch
 
     from pretrainlab.pretraining.assembly import build_model  # lazily: a worker's start (module docstring)
     from pretrainlab.runtime.hydra import compose  # lazily: a worker's start (module docstring)
 
-    cfg, _ = compose("train", slot_overrides(objective_name, model, overrides))
+    cfg, _ = compose("train", [*slot_overrides(objective_name, model, overrides), *(train or [])])
     torch.manual_seed(seed)
     built = build_model(cfg, special_tokens(vocab))
     encoder = built.encoder()
@@ -451,7 +459,8 @@ class Phase:
                     break
                 time.sleep(0.25)
             warm_s = time.time() - started
-            runnable, skipped = [], {}
+            runnable: list[Config] = []
+            skipped: dict[str, str] = {}
             for c in self.configs:
                 why = [
                     f"{w}: {failed[w] if w in failed else ready[w]['status'].get(v, 'not prepared')}"

@@ -55,7 +55,7 @@ BLOCK = re.compile(
     r"(<!-- report: (?P<name>[\w.-]+) (?P<kind>[\w-]+) -->\n)(?P<body>.*?)(?P<end><!-- /report -->)", re.S
 )
 VALUE = re.compile(
-    r"(<!-- value: (?P<name>[\w.-]+) (?P<file>[\w.-]+\.json) (?P<key>[\w.-]+) (?P<fmt>[\w.,%+-]+) -->)"
+    r"(<!-- value: (?P<name>[\w.-]+) (?P<file>[\w.-]+\.json) (?P<key>[\w.+-]+) (?P<fmt>[\w.,%+-]+) -->)"
     r"(?P<body>[^<]*)(?P<end><!-- /value -->)"
 )
 PROVENANCE = ("command", "date", "device")  # what a report's source line cites (and its commit, when it had one)

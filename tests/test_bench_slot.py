@@ -1,0 +1,43 @@
+"""experiments/bench_slot.py on the CPU: the machinery that times the slot's runs today and with each
+lever (workers, windows, the fused group, the report) works before a GPU is lent; the numbers here
+say nothing of a GPU's."""
+
+import json
+
+from pretrainlab.tools import bench_slot
+
+
+def test_the_slot_bench_times_each_configuration_side_by_side_and_writes_its_report(tmp_path, caplog):
+    report = tmp_path / "report"
+    code = bench_slot.main(
+        [
+            "--device", "cpu", "--model", "tiny", "--batch", "4", "--seq-len", "64", "--vocab", "400",
+            "--objectives", "roberta,clm,electra", "--levers", "today,batch,fused,graphs,mps+graphs",
+            "--eager", "--window-s", "1", "--warmup-steps", "1", "--work", str(tmp_path / "work"),
+            "--report", str(report),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert "graphs, mps+graphs: CUDA graphs and MPS need a CUDA device; not timed on cpu" in caplog.text
+    table = json.loads((report / "report.json").read_text())
+    rows = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["rows"]}
+    assert list(rows) == ["today", "batch", "fused"]
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert rows["today"]["x today"] == "1.00x" and rows["batch"]["x today"].endswith("x")
+    assert rows["today"]["processes"] == "3" and rows["fused"]["processes"] == "2"  # roberta+clm fused, electra alone
+    assert "fused group: roberta, clm" in table["about"]
+    details = json.loads((report / "bench-slot.json").read_text())["rows"]
+    assert details["fused"]["runs"] == 3 and details["fused"]["steps"]["fused"] >= 1
+    assert details["today"]["flops_per_s"] > 0 and details["batch"]["tokens_per_s"] > 0
+    provenance = json.loads((report / "provenance.json").read_text())
+    assert provenance["command"].startswith("python") and provenance["device"]
+
+
+def test_the_fusable_objectives_are_those_that_name_one_encoder_call_on_one_shape():
+    fused, alone = bench_slot.groups(
+        ["albert", "bert", "clm", "clm_mlm", "electra", "gpt_bert", "roberta", "spanbert", "xlnet"], "tiny"
+    )
+    assert fused == ["albert", "bert", "clm", "clm_mlm", "gpt_bert", "roberta", "spanbert"]
+    assert alone == ["electra", "xlnet"]
+    # encoders whose layers are one set of weights (ALBERT's sharing) are not stacked
+    assert bench_slot.groups(["albert", "roberta"], "albert_base") == ([], ["albert", "roberta"])
