@@ -45,12 +45,49 @@ def test_two_arms_that_compose_the_same_run_or_an_unknown_override_are_refused_b
     out = tmp_path / "out"
     for argv, says in [
         ([str(path), "--out", str(out), "--only", "c"], "--only c: not an arm"),
-        ([str(path), "--out", str(out), "--minutes", "-1"], "give a positive number of minutes"),
+        ([str(path), "--out", str(out), "--minutes", "-1"], "give a positive, finite number of minutes"),
+        ([str(path), "--out", str(out), "--minutes", "inf"], "give a positive, finite number of minutes"),
+        ([str(path), "--out", str(out), "--report-only"], "nothing to report"),
     ]:
         with pytest.raises(SystemExit):
             arms.main(argv)
         assert says in capsys.readouterr().err
     assert not out.exists()  # refused before anything was written
+
+
+def test_an_out_that_is_a_file_or_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """--out must be a new or empty folder, or one an arms run made: a user's folder is never written
+    into (its report/report.md, logs/ and runs/ were once overwritten, exit 0)."""
+    path = _file(tmp_path, "arms: {a: [objective=bert], b: [objective=roberta]}")
+    mine = tmp_path / "mine"
+    (mine / "report").mkdir(parents=True)
+    (mine / "report" / "report.md").write_text("my own notes")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    for out, says in [(mine, "holds files an arms run did not make"), (a_file, "is a file")]:
+        with pytest.raises(SystemExit):
+            arms.main([str(path), "--out", str(out)])
+        assert says in capsys.readouterr().err
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["report", "report/report.md"]
+    assert (mine / "report" / "report.md").read_text() == "my own notes" and a_file.read_text() == "keep me"
+
+
+def test_an_arm_name_too_long_for_a_wandb_tag_is_refused(tmp_path):
+    name = "a" * 65
+    with pytest.raises(arms.ArmsError, match="1 to 64 letters"):
+        arms.load_arms(_file(tmp_path, f"arms: {{{name}: [objective=bert]}}"))
+    assert arms.load_arms(_file(tmp_path, f"arms: {{{name[:64]}: [objective=bert]}}"))[2]
+
+
+def test_ctrl_c_stops_the_arms_with_the_command_that_continues_them(tmp_path, monkeypatch, caplog):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(arms, "run_parallel", interrupted)
+    path = _file(tmp_path, "arms: {a: [objective=bert], b: [objective=roberta]}")
+    assert arms.main([str(path), "--out", str(tmp_path / "out"), "model=tiny"]) == 130
+    assert "Ctrl-C: the arms stopped (each run saved its checkpoint). Continue them with:" in caplog.text
+    assert caplog.text.split("Continue them with:")[1].lstrip().startswith("python")  # this process's command
 
 
 def _row(step, *statuses):

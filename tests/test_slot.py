@@ -220,9 +220,16 @@ entry.install_missing(["run", "--wheels", {str(tmp_path / "no-wheels")!r}])
 ARMS = ['arms={roberta: ["objective=roberta"], bert-nsp0: ["objective=bert", "objective.pair_weight=0"]}']
 
 
+def _small(options) -> list[str]:
+    """SMALL, for a slot given ``options``: arms are its rows instead of objectives (the two together are refused)."""
+    arms = any(str(o).lstrip("+").startswith(("arms=", "ablation=")) for o in options)
+    return [o for o in SMALL if not (arms and o.startswith("objectives="))]
+
+
 def _slot(inputs: Path, out: Path, seed: int, work: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
     """The scaled-down slot of pretraining seed ``seed``, as a user starts it."""
-    command = ["run", "--inputs", str(inputs), "--out", str(out), "--seed", str(seed), "--work", work, *options, *SMALL]
+    command = ["run", "--inputs", str(inputs), "--out", str(out), "--seed", str(seed), "--work", work, *options]
+    command += _small(options)
     return run_command([sys.executable, str(ROOT / "experiments" / "slot.py"), *command], timeout=600, cwd=cwd)
 
 
@@ -244,7 +251,7 @@ def _in_process(inputs: Path, out: Path, work: Path, *overrides: str):
         seed=0,
         work=work,
         budget_flops=1e12,
-        overrides=[*SMALL, *overrides],
+        overrides=[*_small(overrides), *overrides],
         started_at=time.time(),
         installed={},
     )

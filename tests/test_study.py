@@ -286,9 +286,15 @@ def test_a_study_of_arms_pretrains_reports_and_tests_each_arm_by_its_name(tmp_pa
     "arms, says",
     [
         (
-            '{a: ["objective=roberta"], b: ["objective=roberta", "seed=0"]}',
+            '{a: ["objective=roberta"], b: ["objective=roberta", "objective.mask_rate=0.15"]}',
             "arms a and b compose the same pretraining run",
         ),
+        # settings the study owns: an arm's seed once trained pretrain/a-s0 with seed 3
+        ('{a: ["objective=roberta", "seed=3"]}', "arms.a: 'seed=3' sets seed, which the study owns"),
+        ('{a: ["objective=roberta", "budget.flops=1e12"]}', "arms.a: 'budget.flops=1e12' sets budget.flops"),
+        ('{a: ["objective=roberta", "hydra.run.dir=x"]}', "the study decides where every run's files go"),
+        ("{}", "arms={} names no arm"),
+        ("{" + "a" * 65 + ': ["objective=roberta"]}', "cannot name an arm: its runs are folders"),
         ('{../x: ["objective=roberta"]}', "'../x' cannot name an arm"),
         ('{scratch: ["objective=roberta"]}', "'scratch' cannot name an arm"),
         ('{a: ["objective.mask_rate=0.4"]}', "arms.a: name the arm's objective once"),
@@ -303,6 +309,23 @@ def test_arms_that_cannot_make_a_comparison_are_refused_before_any_work(tmp_path
     with pytest.raises(ConfigError) as refused:
         check_study(_arms_study(tmp_path, f"arms={arms}"))
     assert says in str(refused.value)
+    assert not (tmp_path / "arms").exists()
+
+
+def test_a_seed_for_every_run_is_refused_and_rows_given_twice_on_the_command_line_too(tmp_path):
+    """``pretrain=[seed=3]`` would train every run with seed 3 under the name of the study's seeds; and
+    ``objectives=`` beside ``arms=`` (or ``+ablation=``) once ran the arms and ignored the objectives."""
+    from pretrainlab.config import ConfigError
+    from pretrainlab.studies.ablation import check_arm_names, check_study
+
+    cfg = _arms_study(tmp_path, "objectives=[roberta]")
+    cfg.pretrain = [*cfg.pretrain, "seed=3"]
+    with pytest.raises(ConfigError, match="pretrain: 'seed=3' sets seed, which the study owns.*seeds=\\[...\\]"):
+        check_study(cfg)
+    for rows in ('arms={a: ["objective=roberta"]}', "+ablation=mask_rate"):
+        with pytest.raises(ConfigError, match="objectives=... and .* both name the study's rows"):
+            check_arm_names(["objectives=[bert]", rows])
+        check_arm_names([rows])  # alone, either is the rows
     assert not (tmp_path / "arms").exists()
 
 

@@ -127,6 +127,7 @@ def _set_group(cfg: DictConfig, group: str) -> None:
 
 
 ARM_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+MAX_ARM_NAME = 64  # a W&B tag's length
 
 
 def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
@@ -138,7 +139,15 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
     ``key=value`` strings or that does not name its objective exactly once."""
     known = options("objective")
     arms = cfg.get("arms")
-    if not arms:
+    check_not_owned(list(cfg.get("pretrain") or []), "pretrain", every_run=True)
+    for objective, overrides in (cfg.get("objective_overrides") or {}).items():
+        check_not_owned(list(overrides), f"objective_overrides.{objective}")
+    if arms is not None and len(arms) == 0:
+        raise ConfigError(
+            "arms={} names no arm: give the arms ({name: [objective=..., ...]}), or leave arms out for one row per "
+            "objective (objectives)."
+        )
+    if arms is None:
         objectives = list(dict.fromkeys(known if cfg.objectives == "all" else cfg.objectives))
         unknown = [str(o) for o in objectives if o not in known]
         if unknown:
@@ -155,10 +164,11 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name, overrides in arms.items():
         name = str(name)
-        if not ARM_NAME.fullmatch(name) or ".." in name or name == "scratch":
+        if not ARM_NAME.fullmatch(name) or ".." in name or name == "scratch" or len(name) > MAX_ARM_NAME:
             raise ConfigError(
-                f"arms: {name!r} cannot name an arm: its runs are folders <arm>-s<seed>, so a name is letters, "
-                f"digits, '-', '_' or '.', starting with a letter or digit (and not 'scratch', the baseline's row)."
+                f"arms: {name!r} cannot name an arm: its runs are folders <arm>-s<seed> and W&B runs tagged with it, "
+                f"so a name is 1 to {MAX_ARM_NAME} letters, digits, '-', '_' or '.', starting with a letter or digit "
+                f"(and not 'scratch', the baseline's row)."
             )
         items = list(overrides) if isinstance(overrides, list | tuple) or OmegaConf.is_list(overrides) else None
         if items is None or not all(isinstance(o, str) and "=" in o for o in items):
@@ -175,13 +185,49 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
             raise ConfigError(
                 f"arms.{name}: objective={objective[0]} is not one of conf/objective/ ({', '.join(known)})."
             )
+        check_not_owned(items, f"arms.{name}")
         out[name] = [f"objective={objective[0]}", *(o for o in items if o.split("=", 1)[0] != "objective")]
     return out
 
 
+# what the study decides for every run, and an override of a run must not: which seed (the run's folder
+# and row name it), how long (budget_flops), where its files go
+OWNED = {
+    "seed": "the study's seeds (seeds=[...]) name and seed every run",
+    "budget": "the study's budget (budget_flops) is every run's",
+    "max_steps": "the study's budget (budget_flops) decides every run's length",
+    "ckpt_path": "the study resumes its own runs",
+    "overwrite": "the study never overwrites a run",
+    "hydra": "the study decides where every run's files go",
+    "arm": "the study names every run's row after its arm",
+}
+
+
+def check_not_owned(overrides: list[str], where: str, every_run: bool = False) -> None:
+    """Refuse, in an arm's or an objective's overrides, a setting the study owns (:data:`OWNED`); in
+    those of every run (``pretrain``, where the study's own config sets its length), the seed and the places."""
+    for override in overrides:
+        key = str(override).split("=", 1)[0].lstrip("+~")
+        owner = OWNED.get(key.split(".", 1)[0])
+        if owner is not None and not (every_run and key.split(".", 1)[0] in ("budget", "max_steps")):
+            raise ConfigError(
+                f"{where}: {override!r} sets {key}, which the study owns: {owner}. Drop it from {where}"
+                + (" (seeds=[...] gives the study several seeds)." if key == "seed" else ".")
+            )
+
+
 def check_arm_names(overrides: list[str]) -> None:
     """Refuse an ``arms={...}`` command-line override that names one arm twice: Hydra's grammar keeps
-    the last of them without a word (a config file's YAML refuses a repeated key itself)."""
+    the last of them without a word (a config file's YAML refuses a repeated key itself); and rows given
+    twice, ``objectives=`` beside ``arms=`` or ``+ablation=`` (the arms would be the rows, and the
+    objectives left out without a word)."""
+    keys = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    if "objectives" in keys and keys & {"arms", "ablation"}:
+        arms = next(o for o in overrides if o.partition("=")[0].lstrip("+~") in ("arms", "ablation"))
+        raise ConfigError(
+            f"objectives=... and {arms.split('=', 1)[0]}=... both name the study's rows: the arms would be the rows "
+            f"and objectives would be ignored. Give one of them (an arm names its objective: [objective=bert, ...])."
+        )
     for override in overrides:
         key, _, value = override.partition("=")
         if key.lstrip("+") != "arms" or not value.strip().startswith("{"):

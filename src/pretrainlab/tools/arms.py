@@ -52,13 +52,14 @@ from pretrainlab.pretraining.learning_log import FILE as LEARNING
 from pretrainlab.pretraining.learning_log import heads, read_rows
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.script import rerun_command
-from pretrainlab.runtime.signals import TimeUp, deadline
+from pretrainlab.runtime.signals import TimeUp, deadline, exit_on_signal
 from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel
 from pretrainlab.tools.docs import write_table_report
 
 log = logging.getLogger("pretrainlab")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+MAX_NAME = 64  # a W&B tag's length
 FILE = "arms.json"  # what the runs of an --out were made from: the same command continues them
 
 
@@ -82,8 +83,11 @@ def load_arms(path: Path) -> tuple[str, list[str], dict[str, list[str]]]:
     common = raw.get("common") or []
     arms: dict[str, list[str]] = {}
     for name, overrides in raw["arms"].items():
-        if not isinstance(name, str) or not NAME.match(name) or name in (".", ".."):
-            raise ArmsError(f"{path}: arm name {name!r} is not a safe folder name (letters, digits, _ . + = -).")
+        if not isinstance(name, str) or not NAME.match(name) or name in (".", "..") or len(name) > MAX_NAME:
+            raise ArmsError(
+                f"{path}: arm name {name!r} is not a safe folder name and W&B tag: 1 to {MAX_NAME} letters, digits, "
+                f"_ . + = -."
+            )
         if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
             raise ArmsError(f"{path}: arm {name!r} must be a list of train.py overrides, e.g. [objective=bert].")
         arms[name] = list(overrides)
@@ -225,6 +229,24 @@ def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list
     return report
 
 
+def check_out(out: Path, report_only: bool) -> None:
+    """``--out``, before anything is written: a new or empty folder, or one an arms run made
+    (``arms.json``), never a file or a folder of other files; with ``--report-only``, one with runs."""
+    if out.exists() and not out.is_dir():
+        raise ArmsError(f"--out {out} is a file: give a folder for the arms' runs and report.")
+    made = (out / FILE).is_file()
+    if out.is_dir() and not made and any(out.iterdir()):
+        raise ArmsError(
+            f"--out {out} holds files an arms run did not make (it has no {FILE}): give a new or empty folder, "
+            f"so that nothing there is overwritten."
+        )
+    if report_only and not (made and any((out / "runs").glob("*/" + LEARNING))):
+        raise ArmsError(
+            f"--report-only: {out} holds no arms run that validated (no runs/<arm>/{LEARNING}): nothing to report. "
+            f"Run the arms first (without --report-only)."
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python experiments/arms.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -249,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         about, common, arms = load_arms(args.arms)
-        if args.minutes is not None and not args.minutes > 0:
-            raise ArmsError(f"--minutes {args.minutes}: give a positive number of minutes.")
+        if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+            raise ArmsError(f"--minutes {args.minutes}: give a positive, finite number of minutes.")
+        check_out(args.out, args.report_only)
         only = [a for a in args.only.split(",") if a]
         missing = [a for a in only if a not in arms]
         if missing:
@@ -285,8 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         limit = deadline(started + 60 * args.minutes, lambda: "--minutes ran out") if args.minutes else nullcontext()
         try:
-            with limit:
+            with limit, exit_on_signal("the arms", rerun_command()):
                 run_parallel(work, jobs, rerun_command())
+        except KeyboardInterrupt:  # every run got one SIGTERM from run_parallel: each saved its checkpoint
+            log.warning(
+                "Ctrl-C: the arms stopped (each run saved its checkpoint). Continue them with:\n  %s", rerun_command()
+            )
+            return 130
         except TimeUp:
             log.warning(
                 "--minutes %g ran out after %.0f s: the runs were stopped; reporting what they validated",
