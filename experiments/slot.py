@@ -78,7 +78,7 @@ def main() -> None:
         os.environ,
         PRETRAINLAB_SLOT_STARTED=repr(STARTED),
         PRETRAINLAB_SLOT_INSTALLED=json.dumps(installed),
-        PRETRAINLAB_SLOT_COMMAND=shlex.join(["python", sys.argv[0], *argv]),
+        PRETRAINLAB_COMMAND=shlex.join(["python", sys.argv[0], *argv]),  # what the slot's reports and hints name
     )
     if importlib.util.find_spec("pretrainlab") is None:  # a copy of the project, not installed: run it from src/
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])

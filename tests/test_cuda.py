@@ -203,3 +203,64 @@ def test_probes_fit_on_the_gpu_as_they_do_on_the_cpu():
     assert gpu["layer_2"] > 0.95 and gpu["layer_0"] < 0.4, gpu
     for name in cpu:
         assert abs(gpu[name] - cpu[name]) < 0.03, (name, cpu, gpu)
+
+
+def test_a_runs_seconds_on_the_gpu_are_its_steps_on_the_device(tmp_path):
+    """The seconds a run's export records are its steps' time on the device (CUDA events), which a
+    step's host time falls short of when the host runs ahead: with the device synchronised around the
+    whole run, they cannot exceed its wall-clock, and they are most of it for a run that only trains."""
+    import json
+    import time
+
+    run_dir = tmp_path / "run"
+    started = time.time()
+    done = run_command(
+        [sys.executable, str(ROOT / "train.py"), *SMALL, "trainer=gpu", "model=mini", "batch_size=64", "max_steps=60",
+         "val_every=1000", "checkpoint_every=1000", "logger=csv", f"hydra.run.dir={run_dir}"],
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    wall = time.time() - started
+    seconds = json.loads((run_dir / "encoder" / "config.json").read_text())["pretraining"]["seconds"]
+    assert 0 < seconds < wall
+
+
+def test_a_fused_group_on_the_gpu_trains_each_run_as_it_trains_alone():
+    """tests/test_fused.py's check on the GPU, in float32 (TF32 off): the fused group's losses are its runs'."""
+    import copy
+
+    from pretrainlab.optim import OptimConfig
+    from pretrainlab.pretraining.fused import FusedGroup, GroupAdamW
+    from pretrainlab.tools.bench_slot import build_run, make_batches
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    names = ["roberta", "bert", "clm", "spanbert"]
+    runs = [build_run(n, "tiny", 300, i)[1:] for i, n in enumerate(names)]
+    data = [[{k: v.cuda() for k, v in b.items()} for b in make_batches(o, 4, 8, 32, True, 300, 10 + i)]
+            for i, (_, o) in enumerate(runs)]  # fmt: skip
+    alone = []
+    for (encoder, objective), batches in zip(runs, data, strict=True):
+        encoder, objective = copy.deepcopy(encoder).cuda(), copy.deepcopy(objective).cuda()
+        module = torch.nn.ModuleDict({"encoder": encoder, "objective": objective})
+        opt = OptimConfig(lr=2e-3).optimizer(module, mixed_precision=True)
+        params = [p for p in module.parameters() if p.requires_grad]
+        losses = []
+        for batch in batches:
+            loss = objective(encoder, batch).loss
+            loss.backward()
+            losses.append(loss.item())
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        alone.append(losses)
+    group = FusedGroup([copy.deepcopy(e).cuda() for e, _ in runs], [copy.deepcopy(o).cuda() for _, o in runs])
+    opt = GroupAdamW(group, OptimConfig(lr=2e-3))
+    fused: list[list[float]] = [[] for _ in names]
+    for step in range(4):
+        outs = group([d[step] for d in data])
+        sum(out.loss for out in outs).backward()
+        for m, out in enumerate(outs):
+            fused[m].append(out.loss.item())
+        opt.step([2e-3] * len(names))
+        opt.zero_grad()
+    np.testing.assert_allclose(fused, alone, rtol=0, atol=1e-4)

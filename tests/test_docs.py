@@ -84,7 +84,8 @@ def test_values_in_prose_are_filled_from_the_report_and_checked(tmp_path):
     assert (
         "From [r](docs/results/r): `python x.py`, commit 0123456789, 2026-01-01 00:00 UTC, CPU only: 2 cores." in text
     )
-    assert "Pretraining 9.0 min, evaluation 2.00 h." in text and docs.check(tmp_path) == []
+    assert "Process time, summed over the runs: pretraining 9.0 min, evaluation 2.00 h." in text
+    assert docs.check(tmp_path) == []
     doc.write_text(text.replace("-->9.0<", "-->9.1<"))
     assert docs.check(tmp_path) == ["README.md: <!-- value: r cost.json pretraining_s min --> differs from its report"]
 
@@ -253,3 +254,95 @@ def test_every_entry_point_says_what_it_does_in_whole_sentences():
         if not first or first[-1] not in ".:)":
             unfinished.append(f"{script.name}: {first[-60:]!r}")
     assert not unfinished, unfinished
+
+
+def test_a_comparison_edited_consistently_in_json_and_csv_or_beyond_sense_is_not_published(tmp_path):
+    """comparison.json and .csv edited together once reached the README (a mean of 55.5 shown with the
+    interval (35.2, 48.0)) while comparison.md still said 41.6, and check passed."""
+    from pretrainlab.compare.tables import to_csv
+
+    report = tmp_path / "report"
+    shutil.copytree(ROOT / "docs" / "results" / "quick-study", report)
+    table = json.loads((report / "comparison.json").read_text())
+    cell = table["cells"]["albert"]["cola"]
+    cell["score"][0] = cell["summary"]["mean"] = 55.5
+    (report / "comparison.json").write_text(json.dumps(table))
+    (report / "comparison.csv").write_text(to_csv(table))
+    with pytest.raises(docs.DocsError, match="albert's cola has a mean of 55.5 outside its interval"):
+        docs.publish(report, "edited", root=tmp_path)
+    cell["summary"]["ci"] = [50.0, 60.0]
+    (report / "comparison.json").write_text(json.dumps(table))
+    (report / "comparison.csv").write_text(to_csv(table))
+    with pytest.raises(docs.DocsError, match="comparison.md does not show the table comparison.json makes"):
+        docs.publish(report, "edited", root=tmp_path)
+    assert not (tmp_path / "docs" / "results" / "edited").exists()
+
+
+def test_the_published_intervals_are_those_the_report_computed_and_cut_there():
+    """The README cut an interval at its metric's range where the report it cites said (53.5, 125.9):
+    the interval is cut where it is computed, and every rendering shows it as it is."""
+    table = json.loads((ROOT / "docs" / "results" / "quick-study" / "comparison.json").read_text())
+    sst2 = table["cells"]["electra"]["sst2"]["summary"]
+    assert sst2["ci"][1] == 100.0 and sst2["cut"] is True
+    md = (ROOT / "docs" / "results" / "quick-study" / "comparison.md").read_text()
+    assert "(53.5, 100.0)" in md and "125.9" not in md and "(53.5, 100.0)" in (ROOT / "README.md").read_text()
+
+
+def test_publish_refuses_an_empty_report_a_name_of_a_docs_file_and_a_replacement_its_citations_cannot_read(
+    tmp_path, capsys
+):
+    root = _copy(tmp_path / "site") if (tmp_path / "site").mkdir() is None else None
+    assert root is not None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "provenance.json").write_text(
+        '{"command": "python experiments/arms.py a.yaml", "date": "d", "device": "cpu"}'
+    )
+    (empty / "report.json").write_text(json.dumps({"title": "t", "about": "", "columns": ["a"], "rows": []}))
+    (empty / "report.md").write_text("# t\n\n| a |\n|---|\n")
+    with pytest.raises(docs.DocsError, match="report.json has no rows"):
+        docs.publish(empty, "empty", root=root)
+    index = root / "docs" / "results" / "index.md"
+    before = index.read_text()
+    with pytest.raises(docs.DocsError, match="is a file of the docs, not a report"):
+        docs.publish(ROOT / "docs" / "results" / "cpu-bench", "index.md", root=root, replace=True)
+    assert index.read_text() == before and not list((root / "docs" / "results").glob(".*tmp*"))
+    # an arms report in the place of the study the README cites: the README could no longer be built
+    with pytest.raises(docs.DocsError, match="--replace quick-study: README.md cites quick-study"):
+        docs.publish(ROOT / "docs" / "results" / "gpu-recipe-arms", "quick-study", root=root, replace=True)
+    assert (root / "docs" / "results" / "quick-study" / "comparison.json").is_file()
+    assert docs.check(root) == []
+
+
+def test_a_published_command_is_the_one_a_user_types_from_the_repository(tmp_path, capsys):
+    """Reports recorded the paths of the machine that ran them (its checkout, output and temporary
+    folders), and the README then showed them."""
+    report = tmp_path / "report"
+    report.mkdir()
+    here = ROOT / "runs" / "encoder"
+    command = f"python {ROOT}/src/pretrainlab/slot/__main__.py run --out /root/out data.path=/tmp/x/corpus {here}"
+    (report / "provenance.json").write_text(json.dumps({"command": command, "date": "d", "device": "cpu"}))
+    rows = [["roberta", "0.5"]]
+    (report / "report.json").write_text(
+        json.dumps({"title": "T", "about": f"From `{command}`.", "columns": ["a", "b"], "rows": rows})
+    )
+    (report / "report.md").write_text(
+        f"# T\n\nFrom `{command}`.\n\n| a | b |\n|---|---|\n| roberta | 0.5 |\n\n`{command}` (d, cpu)\n"
+    )
+    (report / "runs.json").write_text(json.dumps({"run": "/tmp/x/runs/roberta-s0"}))
+    dest = docs.publish(report, "typed", root=tmp_path)
+    typed = "python -m pretrainlab.slot run --out '<out>' 'data.path=<data.path>' runs/encoder"
+    assert json.loads((dest / "provenance.json").read_text())["command"] == typed
+    assert f"`{typed}`" in (dest / "report.md").read_text() and str(ROOT) not in (dest / "report.md").read_text()
+    assert typed in json.loads((dest / "report.json").read_text())["about"]
+    assert (
+        "runs.json holds absolute paths of the machine that ran it: /tmp/x/runs/roberta-s0" in capsys.readouterr().err
+    )
+
+
+def test_no_generated_block_of_the_docs_carries_a_path_of_the_machine_that_made_it():
+    from pretrainlab.runtime.provenance import absolute_paths
+
+    for doc in docs.docs_files(ROOT):
+        for m in docs.BLOCK.finditer(doc.read_text(encoding="utf-8")):
+            assert absolute_paths(m["body"]) == [], f"{doc.relative_to(ROOT)}: {m.group(1).strip()}"

@@ -397,6 +397,28 @@ def test_a_slot_that_fails_after_a_finished_one_keeps_the_finished_record(packed
     assert list((tmp_path / "out").glob("slot-s0-failed-*.tar.gz"))  # what it brings back, as before
 
 
+def test_a_work_folder_holding_another_seeds_slot_is_refused_and_left_as_it_was(packed, tmp_path):
+    """``--seed 1 --work <seed 0's work folder>`` once replaced seed 0's slot.json and carried its runs in
+    seed 1's archive."""
+    from dataclasses import replace
+
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.run import run_slot
+
+    _, inputs = packed
+    study = tmp_path / "w" / "slot"
+    (study / "pretrain" / "roberta-s0" / "encoder").mkdir(parents=True)
+    (study / "report").mkdir(parents=True)
+    record = json.dumps({"seeds": [0], "plan": {"budget_flops": 1e12}})
+    (study / "report" / "slot.json").write_text(record)
+    args = replace(_in_process(inputs, tmp_path / "out", tmp_path / "w"), seed=1)
+    with pytest.raises(ConfigError, match="holds the slot of pretraining seed 0 .* Give each seed its own --work"):
+        run_slot(args)
+    assert (study / "report" / "slot.json").read_text() == record
+    assert sorted(p.name for p in study.iterdir()) == ["pretrain", "report"]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "overrides, says",
     [
@@ -485,6 +507,30 @@ def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_th
     assert list((tmp_path / "out").glob("slot-s0.tar.gz"))
 
 
+def test_a_completed_record_read_again_makes_up_no_rate_for_a_start_that_pretrained_nothing():
+    """The published gpu-slot-s0 record, completed twice (``with_earlier`` on a record whose runs were
+    already an earlier start's), said its second start ran at 1817.93M tokens/s over a 0.4 s phase that
+    trained nothing."""
+    from pretrainlab.slot.report import slot_markdown
+    from pretrainlab.slot.run import with_earlier
+
+    run = {"objective": "roberta", "steps": 40, "tokens": 7e8, "flops": 2e15, "exported_s": 208.0, "start": 1}
+    record = {
+        "seeds": [0],
+        "phases": {"pretraining": {"from_s": 24.7, "seconds": 0.4}, "evaluation": {"from_s": 25.1, "seconds": 58.0}},
+        "runs": {"roberta-s0": run},
+        "earlier": [{"phases": {"pretraining": {"from_s": 25.0, "seconds": 233.0}}, "runs": {"roberta-s0": run},
+                     "pretraining_throughput": {"tokens_per_s": 3.0e6, "flops_per_s": 8.6e12}}],
+        "pretraining_throughput": {"tokens_per_s": 1.75e9, "flops_per_s": 5e15},
+    }  # fmt: skip
+    again = with_earlier(record, record.pop("earlier"))
+    assert "pretraining_throughput" not in again and again["runs"]["roberta-s0"] == run
+    md = slot_markdown(again)
+    assert "as it ran in start 1: 3.00M tokens/s" in md
+    assert "Nothing was pretrained in start 2: every run had been pretrained before it." in md
+    assert "start 2: 1750" not in md
+
+
 def test_a_slots_folders_and_archives_that_cannot_be_used_are_named_without_a_traceback(packed, tmp_path, capsys):
     from pretrainlab.slot.__main__ import main
 
@@ -536,3 +582,35 @@ def test_a_slots_folders_and_archives_that_cannot_be_used_are_named_without_a_tr
     )
     assert "records a budget of 'lots', not a number of FLOPs" in capsys.readouterr().err
     assert not list(out.iterdir()) and not (work / "slot").exists()  # refused before any work or record
+
+
+def test_a_slots_cost_gives_its_phases_wall_clock_and_labels_summed_process_time(tmp_path):
+    """gpu-slot-s0's cost.md once said "Pretraining 10.7 min (...), evaluation 44.2 min: 55.0 min in all" for a
+    slot of 10.2 minutes: process time summed over runs at once, shown as durations (and step times taken on
+    the host's clock, which a GPU's queued kernels outrun)."""
+    from pretrainlab.slot.report import recost
+    from pretrainlab.studies.cost import cost_report
+    from pretrainlab.tools.docs import _source
+
+    report = tmp_path / "report"
+    runs = []
+    for name, clock in (("roberta-s0", None), ("bert-s0", "device")):
+        encoder = tmp_path / "pretrain" / name / "encoder"
+        encoder.mkdir(parents=True)
+        record = {"objective": name[:-3], "global_step": 3000, "tokens_seen": 9e7, "flops": 2e15, "seconds": 70.0}
+        (encoder / "config.json").write_text(
+            json.dumps({"pretraining": {**record, **({"seconds_clock": clock} if clock else {})}})
+        )
+        runs.append(encoder.parent)
+    cost_report(runs, report, jobs=10)
+    md = (report / "cost.md").read_text()
+    assert "in all" not in md and "Process time: pretraining 2.3 min" in md and "10 at a time" in md
+    first = {"phases": {"pretraining": {"seconds": 233.0}, "evaluation": {"seconds": 266.0}}}
+    second = {"phases": {"pretraining": {"seconds": 0.4}, "evaluation": {"seconds": 58.0}}, "earlier": [first],
+              "device": {"device": "1 x NVIDIA H200", "cuda": "13.0"}}  # fmt: skip
+    recost(report, [second], "over its 2 starts")
+    md = (report / "cost.md").read_text()
+    assert "Wall-clock over its 2 starts: pretraining 3.9 min, evaluation 5.4 min (**9.3 min**)" in md
+    assert "The training-step times of roberta-s0 were taken on the host's clock" in md  # bert-s0's on the device
+    (report / "provenance.json").write_text(json.dumps({"command": "x", "date": "d", "device": "1 x NVIDIA H200"}))
+    assert "Wall-clock over its 2 starts: pretraining 3.9 min, evaluation 5.4 min." in _source(report, "link")

@@ -267,3 +267,41 @@ def test_a_scheduled_runs_flops_are_each_steps_tokens_at_its_own_cost_and_its_bu
     at_start = float(rows[-1]["tokens"]) * objective.flops_at(config, 64, 0.0)  # 0.4 throughout
     assert flops[-1] < 0.95 * at_start  # the rate went down, and so did the cost
     assert flops[-2] < budget <= flops[-1]
+
+
+class _Event:
+    """A stand-in for a CUDA event pair's end: done once the test says so, and the span it reports."""
+
+    def __init__(self, ms: float, done: bool = False):
+        self.ms, self.done, self.waited = ms, done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited, self.done = True, True
+
+    def elapsed_time(self, end: "_Event") -> float:
+        return end.ms
+
+
+def test_on_a_gpu_a_step_counts_its_time_on_the_device_once_the_device_has_run_it():
+    """The host runs ahead of the kernels it queues, so its clock once said that the nine runs of a GPU
+    slot had trained for 1.2 min each in a phase of 3.9 min: on a GPU each step's span comes from CUDA
+    events, added when the device has finished it, and every queued step is waited for when the seconds
+    are read (an export, a snapshot) or saved (a checkpoint)."""
+    from pretrainlab.model.encoder import EncoderConfig
+    from pretrainlab.optim import Budget, OptimConfig
+    from pretrainlab.pretraining.module import PretrainModule
+    from pretrainlab.tools.bench_slot import build_run
+
+    _, _, objective = build_run("roberta", "tiny", 300, 0)
+    module = PretrainModule(EncoderConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2), objective,
+                            OptimConfig(), Budget("steps", 10), 1.0)  # fmt: skip
+    done, queued = _Event(120.0, done=True), _Event(80.0)
+    module._device_steps = [(_Event(0), done), (_Event(0), queued)]
+    module._settle(wait=False)
+    assert module._seconds == pytest.approx(0.12) and not queued.waited  # the finished step only, no wait
+    assert module.seconds == pytest.approx(0.2) and queued.waited  # read: every queued step, waited for
+    module._device_steps = [(_Event(0), _Event(500.0))]
+    assert float(module.state_dict()["train_seconds"]) == pytest.approx(0.7)  # a checkpoint's counter is whole

@@ -18,15 +18,13 @@ def column_range(table: dict, column: str) -> tuple[float, float]:
 
 
 def _interval(ci, bounds: tuple[float, float] | None = None) -> str:
-    ci = uncertainty.bounded(ci, bounds)
+    """The interval as the comparison computed it (``statistics.bounded_summary`` cut it to its metric's
+    range there): a rendering never changes a number, so that a report and what cites it say the same."""
     return "" if not ci else f" ({ci[0]:.1f}, {ci[1]:.1f})"
 
 
 def _cut(summary: dict | None, bounds: tuple[float, float]) -> bool:
-    ci = (summary or {}).get("ci")
-    if (summary or {}).get("cut"):
-        return True
-    return ci is not None and len(ci) == 2 and tuple(uncertainty.bounded(ci, bounds) or ()) != tuple(ci)
+    return bool((summary or {}).get("cut"))
 
 
 def _cell(

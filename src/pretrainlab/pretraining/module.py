@@ -110,6 +110,9 @@ class PretrainModule(L.LightningModule):
         )
         self._compile_warmup_start: float | None = None
         self._step_start: float | None = None  # host clock at the first micro-batch of this optimizer step
+        # on a GPU, each optimizer step's span on the device (CUDA events), added to the seconds once done
+        self._step_event: torch.cuda.Event | None = None
+        self._device_steps: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._start_step = 0
         self._tally: learning.Tally | None = None
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
@@ -128,7 +131,7 @@ class PretrainModule(L.LightningModule):
             self._compiled = torch.compile(self.objective_loss, **self.compile_options)
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_compiled": None}
+        return {**super().__getstate__(), "_compiled": None, "_step_event": None, "_device_steps": []}
 
     # --- counters --------------------------------------------------------------------------------
     @property
@@ -142,9 +145,28 @@ class PretrainModule(L.LightningModule):
         a scheduled objective, the sum of each step's tokens times its FLOPs per token."""
         return self._flops if self.progress is not None else self._tokens * self.flops_per_token
 
+    def _settle(self, wait: bool) -> None:
+        """Add the device time of the steps the GPU has finished (``wait``: of every step queued)."""
+        while self._device_steps:
+            start, end = self._device_steps[0]
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                break
+            self._device_steps.pop(0)
+            self.add_train_seconds(start.elapsed_time(end) / 1000.0)
+
+    def state_dict(self, *args, **kwargs):
+        self._settle(wait=True)  # the checkpoint's train_seconds count every step queued
+        return super().state_dict(*args, **kwargs)
+
     @property
     def seconds(self) -> float:
-        """Seconds spent in training steps so far (what a ``minutes`` budget counts)."""
+        """Seconds spent in training steps so far (what a ``minutes`` budget counts): on a CPU the host's
+        clock from a step's first micro-batch to its optimizer step; on a GPU each step's span on the
+        device (CUDA events: the host runs ahead of the kernels it queues), the steps still queued
+        waited for."""
+        self._settle(wait=True)
         return self._seconds
 
     def add_train_seconds(self, seconds: float) -> None:
@@ -250,6 +272,9 @@ class PretrainModule(L.LightningModule):
         self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
         if self._step_start is None:
             self._step_start = time.perf_counter()
+            if self.device.type == "cuda":  # the step's span on the device: the host runs ahead of it
+                self._step_event = torch.cuda.Event(enable_timing=True)
+                self._step_event.record()
         if self._compiled is not None and self._compile_warmup_start is None:
             self._compile_warmup_start = self._step_start
 
@@ -277,11 +302,18 @@ class PretrainModule(L.LightningModule):
         return self.budget.measure(steps, self._tokens, self.flops, self._seconds)
 
     def optimizer_step(self, *args, **kwargs) -> None:
-        """The optimizer step, then its account: the step's training time (host clock, from its
-        first micro-batch) and the budget's record. Lightning calls this at the end of every
+        """The optimizer step, then its account: the step's training time (from its first micro-batch:
+        the host clock on a CPU, the device's on a GPU, :attr:`seconds`) and the budget's record. Lightning calls this at the end of every
         gradient accumulation, skipped batches included, and steps the schedule right after it."""
         super().optimizer_step(*args, **kwargs)
-        if self._step_start is not None:
+        if self._step_event is not None:  # a GPU: the step's time on the device, once it has run
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._device_steps.append((self._step_event, end))
+            self._step_event = self._step_start = None
+            # a minutes budget decides at every step: it waits for the device; the others look when it is done
+            self._settle(wait=self.budget.kind == "minutes")
+        elif self._step_start is not None:
             self.add_train_seconds(time.perf_counter() - self._step_start)
             self._step_start = None
         self.budget.record(self.budget_used(self.global_step + 1))  # the trainer counts this step once we return
@@ -293,7 +325,8 @@ class PretrainModule(L.LightningModule):
             self._flops = float(self.flops_seen)
         self.nonfinite.start(self.global_step)
         self._start_step = self.global_step
-        self._step_start = None
+        self._step_start = self._step_event = None
+        self._device_steps = []
         self.budget.start(self.budget_used())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:

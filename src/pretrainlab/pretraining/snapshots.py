@@ -163,6 +163,7 @@ class EncoderExport:
             "tokens_seen": module.tokens_trained,
             "flops": module.flops,
             "seconds": module.seconds,
+            "seconds_clock": "device" if module.device.type == "cuda" else "host",  # PretrainModule.seconds
             "budget": {"kind": self.budget.kind, "total": self.budget.total},
             "choices": self.choices,
             "config": self.config,

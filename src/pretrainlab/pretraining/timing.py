@@ -10,8 +10,9 @@ Everything is measured on the host clock, without waiting for the device: on a G
 ahead of the kernels it queued, and the trainer's logging, which reads values back from the device,
 brings it in step at every logging interval, so rates over an interval are the device's.
 
-The training time that minute budgets count (``train_seconds``, saved in checkpoints) is the
-module's own account, kept where each optimizer step ends (``PretrainModule.optimizer_step``).
+The training time that minute budgets count (``train_seconds``, saved in checkpoints, and the
+``seconds`` an export records) is the module's own account, kept where each optimizer step ends
+(``PretrainModule.optimizer_step``): on a GPU each step's span on the device, from CUDA events.
 """
 
 from __future__ import annotations

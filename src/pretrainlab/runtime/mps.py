@@ -53,11 +53,9 @@ class Daemon:
 
     @property
     def status(self) -> str:
-        return (
-            f"MPS: running ({self.env.get('CUDA_MPS_PIPE_DIRECTORY')})"
-            if self.running
-            else f"MPS: not used: {self.reason}"
-        )
+        if self.running:
+            return f"MPS: running ({self.reason or 'a daemon of its own'})"
+        return f"MPS: not used: {self.reason}"
 
 
 def _cuda_visible() -> str | None:

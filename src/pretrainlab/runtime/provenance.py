@@ -14,7 +14,10 @@ workers, compilation, checkpoint and validation intervals) are not compared: see
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import re
+import shlex
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -175,14 +178,70 @@ def machine() -> str:
     return f"CPU only: {cores} cores of {model}"
 
 
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (src/pretrainlab/runtime/provenance.py)
+ABSOLUTE = re.compile(r"(?<![^\s'\"=(\[,:`])/(?:[\w.+-]+/)+[\w.+-]*")  # /a/b..., at a word's start
+
+
+def typed_command(command: str, root: Path = ROOT) -> str:
+    """``command`` as a user would type it from the repository's root: a path inside the checkout (or
+    beside it, ``../shared``) relative to it, a module's ``__main__.py`` as ``-m <module>``, and any
+    other absolute path, of one machine only, a placeholder named by its option or key (``--out <out>``,
+    ``data.path=<data.path>``, else ``<path>``)."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError:  # unbalanced quotes: leave it as it is
+        return command
+    out: list[str] = []
+    previous = ""
+    for token in tokens:
+        module = re.fullmatch(r".*?src/pretrainlab/(?:(\w+)/)?__main__\.py", token)
+        if module and Path(token).is_absolute():
+            out += ["-m", f"pretrainlab.{module[1]}" if module[1] else "pretrainlab"]
+            previous = token
+            continue
+        key = token.split("=", 1)[0] if "=" in token and not token.startswith("-") else None
+        name = previous[2:] if previous.startswith("--") and "=" not in previous else key or "path"
+
+        def place(match: re.Match, name: str = name) -> str:
+            path = Path(match[0])
+            for base in (root, root.parent):
+                if path == base or base in path.parents:
+                    return os.path.relpath(path, root)
+            return f"<{name.lstrip('+~')}>"
+
+        out.append(ABSOLUTE.sub(place, token))
+        previous = token
+    return shlex.join(out)
+
+
+def machine_free(text: str, root: Path = ROOT) -> str:
+    """``text`` (a report's own words) without the paths of the machine that wrote it: those inside the
+    checkout (or beside it) relative to it, the others ``<path>``."""
+
+    def place(match: re.Match) -> str:
+        path = Path(match[0])
+        for base in (root, root.parent):
+            if path == base or base in path.parents:
+                return os.path.relpath(path, root)
+        return "<path>"
+
+    return ABSOLUTE.sub(place, text)
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute paths in ``text`` (what a published report should not carry)."""
+    return sorted(set(ABSOLUTE.findall(text)))
+
+
 def report_provenance(command: str) -> dict[str, Any]:
-    """What a report records of how it was made: the command, the code (:func:`software`), the date
-    (UTC) and the machine. Docs that cite a report show these beside its numbers."""
+    """What a report records of how it was made: the command as a user types it from the repository's
+    root (:func:`typed_command`), the code (:func:`software`), the date (UTC) and the machine. Docs that
+    cite a report show these beside its numbers."""
     import datetime
 
     made = software()
     return {
-        "command": command,
+        "command": typed_command(command),
         "commit": made["commit"],
         "dirty": made["dirty"],
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

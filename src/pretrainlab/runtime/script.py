@@ -20,6 +20,8 @@ is logged as a flat dict of dotted keys plus ``choice.<group>`` entries, so keys
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -41,8 +43,17 @@ from pretrainlab.runtime.settings import set_matmul_precision
 
 def rerun_command() -> str:
     """This process's command line, quoted for the shell: the command that runs it again (a study
-    or a GLUE suite continues where it stopped when run again)."""
-    return " ".join(["python", *map(shlex.quote, sys.argv)])
+    or a GLUE suite continues where it stopped when run again). A command that started this process
+    through another (``experiments/slot.py``, which installs what the node lacks, then starts
+    ``python -m pretrainlab.slot``) says its own in ``PRETRAINLAB_COMMAND``; a module run with ``-m``
+    is named as one."""
+    given = os.environ.get("PRETRAINLAB_COMMAND")
+    if given:
+        return given
+    program = sys.argv[0]
+    module = re.fullmatch(r".*src/pretrainlab/(?:(\w+)/)?__main__\.py", program)
+    head = ["-m", f"pretrainlab.{module[1]}" if module[1] else "pretrainlab"] if module else [program]
+    return " ".join(["python", *map(shlex.quote, [*head, *sys.argv[1:]])])
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
+from pretrainlab import atomic
 from pretrainlab.config import ConfigError
 from pretrainlab.slot.archive import MergeError, merge
 from pretrainlab.slot.inputs import InputsError, pack
-from pretrainlab.slot.run import SlotArgs, compose_study, run_slot
+from pretrainlab.slot.report import recost, slot_markdown
+from pretrainlab.slot.run import SlotArgs, compose_study, run_slot, with_earlier
 
 log = logging.getLogger("pretrainlab")
 
@@ -94,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--wheels", type=Path, help="(experiments/slot.py) where missing packages were installed from")
     run.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. model_size=tiny")
 
+    render = sub.add_parser(
+        "render", help="complete and write again a slot report's slot.json, slot.md and cost.md from its record"
+    )
+    render.add_argument(
+        "report", type=Path, help="a slot's report folder (its slot.json), e.g. docs/results/gpu-slot-s0"
+    )
+
     merge = sub.add_parser("merge", help="merge several slots' results archives into one report")
     merge.add_argument("archives", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, required=True, help="a new study directory for the merged report")
@@ -113,6 +122,26 @@ def download_wheels(out: Path, also: list[str]) -> list[Path]:
     found = sorted(out.glob("*.whl"))
     log.info("wheels -> %s: %s", out, ", ".join(f.name for f in found))
     return found
+
+
+def render(report: Path) -> None:
+    """A slot's report written again by this code from its record: ``slot.json`` completed again
+    (``run.with_earlier``: what a start pretrained, its rate), ``slot.md`` and ``cost.md`` (the slot's
+    phases as its durations). For a report an older version of the code wrote; the measurements it
+    holds are kept as they are."""
+    path = report / "slot.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"render: {path} cannot be read as a slot's record ({e}): give a slot's report folder."
+        ) from None
+    record = with_earlier(record, record.pop("earlier", None) or [])
+    atomic.write_json(path, record)
+    atomic.write_text(report / "slot.md", slot_markdown(record) + "\n")
+    starts = len(record.get("earlier") or []) + 1
+    recost(report, [record], f"over its {starts} starts" if starts > 1 else "")
+    log.info("rendered %s: slot.json, slot.md, cost.md", report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +189,8 @@ def _command(args: argparse.Namespace) -> int:
         )
     elif args.command == "merge":
         merge(args.archives, args.out)
+    elif args.command == "render":
+        render(args.report)
     return 0
 
 

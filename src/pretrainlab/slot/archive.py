@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.slot.inputs import safe_extract
+from pretrainlab.slot.report import recost
 from pretrainlab.studies.ablation import report_study, study_tasks
 from pretrainlab.studies.cost import EXPORT_RECORD
 from pretrainlab.studies.intrinsic import learning_curves, learning_report
@@ -217,6 +218,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     learning_curves(runs, report)
     tasks = study_tasks(cfg)
     table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
+    recost(report, records, f"over the {len(records)} slots")
     atomic.write_json(report / "slots.json", {"archives": [str(p) for p in paths], "slots": records})
     atomic.write_text(report / "slots.md", slots_markdown(paths, records) + "\n")
     log.info("merged %d slots (pretraining seeds %s) -> %s", len(paths), seeds, report)

@@ -5,6 +5,12 @@ throughput at once against one after another."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from pretrainlab import atomic
+from pretrainlab.studies.cost import cost_markdown
+
 
 def _tera(x: float | None) -> str:
     return "–" if not x else f"{x / 1e12:.2f}"
@@ -124,15 +130,44 @@ def slot_markdown(record: dict) -> str:
             lines += ["", f"At once: **{speed['speedup']:.2f}x** the aggregate throughput of one after another."]
     for k, r in enumerate(starts, 1):
         done = r.get("pretraining_throughput")
+        which = f" in start {k}" if len(starts) > 1 else ""
         if done:
-            which = f" in start {k}" if len(starts) > 1 else ""
             lines += [
                 "",
                 f"The pretraining phase as it ran{which}: {_mega(done['tokens_per_s'])} tokens/s and "
                 f"{_tera(done['flops_per_s'])} TFLOP/s in aggregate over its wall-clock, GPU utilisation "
                 f"{_util(((r.get('phases') or {}).get('pretraining') or {}).get('utilisation'))}.",
             ]
+        elif "pretraining" in (r.get("phases") or {}):
+            lines += ["", f"Nothing was pretrained{which}: every run had been pretrained before it."]
     return "\n".join(lines)
 
 
-__all__ = ["slot_markdown"]
+def wall_by_phase(records: list[dict]) -> dict[str, float]:
+    """The wall-clock seconds of pretraining and evaluation over slot records, each with its earlier starts."""
+    out: dict[str, float] = {}
+    for record in records:
+        for start in [*(record.get("earlier") or []), record]:
+            for phase in ("pretraining", "evaluation"):
+                p = (start.get("phases") or {}).get(phase)
+                if p:
+                    out[phase] = round(out.get(phase, 0.0) + float(p["seconds"]), 1)
+    return out
+
+
+def recost(report: Path, records: list[dict], of: str = "") -> None:
+    """``report``'s cost.json and cost.md with the slots' wall-clock by phase (``of``: over what, in words),
+    and whether their runs trained on a GPU (where a step timed on the host's clock falls short)."""
+    path = report / "cost.json"
+    if not path.is_file():
+        return
+    cost = json.loads(path.read_text())
+    wall = wall_by_phase(records)
+    if wall:
+        cost["wall_s"], cost["wall_of"] = wall, of
+    cost["gpu"] = any((r.get("device") or {}).get("cuda") for r in records)
+    atomic.write_json(path, cost)
+    atomic.write_text(report / "cost.md", cost_markdown(cost) + "\n")
+
+
+__all__ = ["recost", "slot_markdown", "wall_by_phase"]

@@ -40,6 +40,7 @@ from pretrainlab.config import ConfigError
 from pretrainlab.runtime import mps
 from pretrainlab.runtime.console import quiet_third_parties
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.runtime.provenance import typed_command
 from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.runtime.signals import TimeUp, deadline
 from pretrainlab.slot.archive import write_archive
@@ -48,7 +49,7 @@ from pretrainlab.slot.code import code_version
 from pretrainlab.slot.device import Utilisation, describe
 from pretrainlab.slot.inputs import digest, unpack
 from pretrainlab.slot.plan import largest_budget
-from pretrainlab.slot.report import slot_markdown
+from pretrainlab.slot.report import recost, slot_markdown
 from pretrainlab.studies import ablation
 from pretrainlab.studies.parallel import measure_work, run_parallel
 from pretrainlab.studies.throughput import Windows, read_rates
@@ -278,6 +279,7 @@ def with_earlier(record: dict, earlier: list[dict]) -> dict:
     before = [name for name, r in runs.items() if not _pretrained_here(r)]
     trained = [r for name, r in runs.items() if name not in before]
     seconds = float(((record.get("phases") or {}).get("pretraining") or {}).get("seconds") or 0)
+    record.pop("pretraining_throughput", None)  # a rate over a phase that trained nothing is not a rate
     if trained and seconds > 0:
         record["pretraining_throughput"] = {
             "tokens_per_s": sum(float(r["tokens"] or 0) for r in trained) / seconds,
@@ -321,8 +323,9 @@ def account(record: dict, timeline: Timeline, utilisation: Any, study: Path, ear
 
 def _pretrained_here(run: dict) -> bool:
     """Whether a run of this start's record was pretrained in this start: not exported before its
-    pretraining phase began (a negative time into it)."""
-    return run.get("exported_s") is None or run["exported_s"] >= 0
+    pretraining phase began (a negative time into it), and not already reported as an earlier start's
+    (``start``: a record completed once, read again)."""
+    return run.get("start") is None and (run.get("exported_s") is None or run["exported_s"] >= 0)
 
 
 def finished(record: Path) -> bool:
@@ -331,6 +334,27 @@ def finished(record: Path) -> bool:
         return record.is_file() and not json.loads(record.read_text()).get("error")
     except ValueError:
         return False
+
+
+def check_work_seed(study: Path, seed: int) -> None:
+    """Refuse a slot's work folder that holds another pretraining seed's slot: its record would be
+    replaced and its runs would travel in this seed's archive (one seed per slot, one slot per --work)."""
+    others: set[int] = set()
+    try:
+        others |= {int(s) for s in json.loads((study / "report" / "slot.json").read_text()).get("seeds") or []}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    for run in (study / "pretrain").glob("*-s*"):
+        tail = run.name.rsplit("-s", 1)[1]
+        if tail.isdigit():
+            others.add(int(tail))
+    others.discard(seed)
+    if others:
+        raise ConfigError(
+            f"--work {study.parent} holds the slot of pretraining seed {', '.join(map(str, sorted(others)))} ({study}): "
+            f"a slot of seed {seed} there would replace its record and carry its runs in this seed's archive. Give "
+            f"each seed its own --work (the default is runs/slots/s<seed>)."
+        )
 
 
 def run_slot(a: SlotArgs) -> Path:
@@ -354,8 +378,9 @@ def run_slot(a: SlotArgs) -> Path:
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
     record: dict[str, Any] = {
-        "command": os.environ.get("PRETRAINLAB_SLOT_COMMAND")
-        or shlex.join(["python", "-m", "pretrainlab.slot", *sys.argv[1:]]),
+        "command": typed_command(
+            os.environ.get("PRETRAINLAB_COMMAND") or shlex.join(["python", "-m", "pretrainlab.slot", *sys.argv[1:]])
+        ),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(a.started_at)),
         "seeds": [a.seed],
         "installed": a.installed,
@@ -373,6 +398,7 @@ def run_slot(a: SlotArgs) -> Path:
         record["inputs"] = {"digest": digest(manifest), "archive": str(a.inputs), "corpus": manifest.get("corpus")}
         cfg = compose_study(inputs, a.seed, work, a.overrides)
         study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-s{a.seed}.tar.gz"
+        check_work_seed(study_dir, a.seed)
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
         planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
@@ -440,6 +466,9 @@ def run_slot(a: SlotArgs) -> Path:
         if not refused:
             atomic.write_json(report / f"{name}.json", record)
             atomic.write_text(report / f"{name}.md", slot_markdown(record) + "\n")
+            if not failed:  # the cost's durations: the slot's phases, over its starts
+                starts = len(record.get("earlier") or []) + 1
+                recost(report, [record], f"over its {starts} starts" if starts > 1 else "")
         archive = archive.with_name(archive.name.replace(".tar.gz", f"{failed}.tar.gz"))  # a failed slot's own name
         if not refused and not archive.exists():
             write_archive(study_dir, archive, {"slot.log": work / "slot.log"})

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -515,10 +516,21 @@ def _run_study(
     timeline: Callable[[str], None],
 ) -> dict:
     prepared = _Prepared(cfg, root, arms, fractions)
+    marks: list[tuple[str, float]] = []
+
+    def mark(phase: str) -> None:  # the study's own wall-clock by phase, for its cost report
+        marks.append((phase, time.time()))
+        timeline(phase)
+
     with mps.shared(prepared.mps, prepared.jobs, prepared.cuda, root / "logs") as daemon:
         if prepared.jobs > 1 and prepared.launcher == "local":
             log.info("the study's processes share the GPU: %s", daemon.status)
-        return _run_prepared(prepared, cfg, root, fractions, resume, timeline)
+        return _run_prepared(prepared, cfg, root, fractions, resume, mark, marks)
+
+
+def phase_seconds(marks: list[tuple[str, float]]) -> dict[str, float]:
+    """Each phase's wall-clock seconds, from the times its start and the next phase's were marked."""
+    return {phase: round(end - start, 1) for (phase, start), (_, end) in zip(marks, marks[1:], strict=False)}
 
 
 def _run_prepared(
@@ -528,6 +540,7 @@ def _run_prepared(
     fractions: list[float],
     resume: str,
     timeline: Callable[[str], None],
+    marks: list[tuple[str, float]],
 ) -> dict:
     runs, pending, jobs, tasks, seeds = prepared.runs, prepared.pending, prepared.jobs, prepared.tasks, prepared.seeds
     suite_cfg, encoders = prepared.suite_cfg, prepared.encoders
@@ -584,7 +597,8 @@ def _run_prepared(
         run_suite(gcfg, tasks, seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     timeline("report")
-    table = report_study(cfg, runs, report, tasks, seeds, fractions, learned)
+    wall = {p: s for p, s in phase_seconds(marks).items() if p in ("pretraining", "evaluation")}
+    table = report_study(cfg, runs, report, tasks, seeds, fractions, learned, wall_s=wall)
     timeline("end")
     return table
 
@@ -618,6 +632,7 @@ def report_study(
     fractions: list[float],
     learned: dict,
     recorded: bool = False,
+    wall_s: dict[str, float] | None = None,
 ) -> dict:
     """The study's report in ``report``, from what its runs hold: the comparison of the results the
     study asks for (its tasks, seeds and snapshots, not results an earlier version of the study left
@@ -656,10 +671,12 @@ def report_study(
         )
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
-    cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)))
+    cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)), wall_s=wall_s)
     atomic.write_text(report / "provenance.json", json.dumps(report_provenance(rerun_command()), indent=2))
     log.info(
-        "compute: pretraining %.0f s, evaluation %.0f s (report/cost.md)", cost["pretraining_s"], cost["evaluation_s"]
+        "process time, summed over the runs: pretraining %.0f s, evaluation %.0f s (report/cost.md)",
+        cost["pretraining_s"],
+        cost["evaluation_s"],
     )
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     if recorded:  # brought back from elsewhere: its runs logged where they ran

@@ -7,8 +7,11 @@ recorded, and the code that pretrained its encoders (``report/cost.md`` and ``co
 - evaluation: each results file's ``runtime_s`` (a fine-tuning run, a probe, a BLiMP scoring),
   by task, over the final encoders, their snapshots and the scratch baseline.
 
-Seconds are wall-clock seconds of the process, on whatever machine ran it: a study resumed on other
-machines, or sharing one, adds up seconds that are not alike. Each results file is counted once.
+Those seconds are process time (on a GPU, a run's steps on the device: ``PretrainModule.seconds``), on
+whatever machine ran each: several runs at once, or a study resumed on other machines, add up seconds
+that ran side by side or are not alike, so their sum is not a duration. The study's duration is its
+wall-clock per phase (``wall_s``: what the study measured of itself, or a slot's record over its starts),
+shown beside it. Each results file is counted once.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def _pretraining(run: Path) -> dict | None:
         "tokens": record.get("tokens_seen"),
         "flops": record.get("flops"),
         "seconds": record.get("seconds"),
+        "clock": record.get("seconds_clock"),  # host or device; None: exported before runs recorded it (the host's)
         "software": record.get("software"),
     }
 
@@ -46,9 +50,9 @@ def _results(run: Path) -> list[Path]:
     return sorted({p for top in tops for d in result_dirs() for p in (top / d).rglob("*.json") if is_results_file(p)})
 
 
-def study_cost(runs: list[Path], jobs: int = 1) -> dict:
+def study_cost(runs: list[Path], jobs: int = 1, wall_s: dict[str, float] | None = None) -> dict:
     """The cost of the study whose pretraining runs are ``runs``, trained ``jobs`` at a time (see the
-    module docstring)."""
+    module docstring); ``wall_s``: its wall-clock seconds by phase (pretraining, evaluation)."""
     pretraining = [row for run in runs if (row := _pretraining(run)) is not None]
     tasks: dict[str, dict[str, float]] = defaultdict(lambda: {"runs": 0, "seconds": 0.0})
     for run in runs:
@@ -65,6 +69,7 @@ def study_cost(runs: list[Path], jobs: int = 1) -> dict:
         "jobs": jobs,
         "evaluation_s": evaluation_s,
         "total_s": pretrain_s + evaluation_s,
+        **({"wall_s": dict(wall_s)} if wall_s else {}),
     }
 
 
@@ -105,41 +110,50 @@ def code_markdown(pretraining: list[dict]) -> list[str]:
 
 
 def cost_markdown(cost: dict) -> str:
+    host = [r["run"] for r in cost["pretraining"] if r.get("clock") != "device"]
     lines = [
         "# What this study cost",
         "",
-        "Seconds of training steps per pretraining run (validation and data preparation not counted) and",
-        "the runtime every evaluation recorded, as measured on the machines that ran them.",
+        "Each pretraining run's time in training steps (on a GPU its steps' time on the device; validation and",
+        "data preparation not counted) and the runtime every evaluation recorded: process time, as measured",
+        "on the machines that ran them.",
         "",
-        "| pretraining run | steps | tokens | FLOPs | time |",
+        "| pretraining run | steps | tokens | FLOPs | training steps |",
         "|---|---|---|---|---|",
     ]
     for r in cost["pretraining"]:
         tokens = f"{r['tokens'] / 1e6:.1f}M" if r["tokens"] else "–"
         flops = f"{r['flops']:.2g}" if r["flops"] else "–"
         lines.append(f"| {r['run']} | {r['steps']:,} | {tokens} | {flops} | {_hours(float(r['seconds'] or 0))} |")
-    lines += ["", "| evaluation | runs | time |", "|---|---|---|"]
+    lines += ["", "| evaluation | runs | process time |", "|---|---|---|"]
     for task, t in cost["evaluation"].items():
         lines.append(f"| {task} | {t['runs']} | {_hours(t['seconds'])} |")
+    wall = cost.get("wall_s") or {}
     at_once = cost.get("jobs", 1)
-    overlap = (
-        f" ({at_once} runs at a time, each on its share of the cores: about "
-        f"{_hours(cost['pretraining_s'] / at_once)} of wall-clock time)"
-        if at_once > 1
-        else ""
+    summed = (
+        f"pretraining {_hours(cost['pretraining_s'])}, evaluation {_hours(cost['evaluation_s'])}, summed over the runs"
+        + (f" ({at_once} at a time: time that ran side by side, not a duration)" if at_once > 1 else "")
     )
-    lines += [
-        "",
-        f"Pretraining {_hours(cost['pretraining_s'])}{overlap}, evaluation {_hours(cost['evaluation_s'])}: "
-        f"**{_hours(cost['total_s'])}** in all.",
-        *code_markdown(cost["pretraining"]),
-    ]
+    lines.append("")
+    if wall:
+        of = f" {cost['wall_of']}" if cost.get("wall_of") else ""
+        phases = ", ".join(f"{phase} {_hours(float(seconds))}" for phase, seconds in wall.items())
+        lines += [f"Wall-clock{of}: {phases} (**{_hours(sum(map(float, wall.values())))}**). Process time: {summed}."]
+    else:
+        lines += [f"Process time: {summed}."]
+    if host and cost.get("gpu"):  # a slot's record says its runs trained on a GPU
+        lines += [
+            "",
+            f"The training-step times of {', '.join(host)} were taken on the host's clock, which on a GPU runs ahead "
+            "of the device (code before its steps were timed on the device): they are shorter than the steps took.",
+        ]
+    lines += code_markdown(cost["pretraining"])
     return "\n".join(lines)
 
 
-def cost_report(runs: list[Path], out_dir: Path, jobs: int = 1) -> dict:
+def cost_report(runs: list[Path], out_dir: Path, jobs: int = 1, wall_s: dict[str, float] | None = None) -> dict:
     """``cost.json`` and ``cost.md`` in ``out_dir``; returns the cost."""
-    cost = study_cost(runs, jobs)
+    cost = study_cost(runs, jobs, wall_s)
     atomic.write_json(out_dir / "cost.json", cost)
     atomic.write_text(out_dir / "cost.md", cost_markdown(cost) + "\n")
     return cost

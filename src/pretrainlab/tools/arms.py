@@ -51,6 +51,7 @@ from pretrainlab.objectives.learning import ABOVE, PAST
 from pretrainlab.pretraining.learning_log import FILE as LEARNING
 from pretrainlab.pretraining.learning_log import heads, read_rows
 from pretrainlab.runtime.hydra import compose
+from pretrainlab.runtime.provenance import typed_command
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import TimeUp, deadline, exit_on_signal
 from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel
@@ -217,7 +218,7 @@ def write_report(out: Path, about: str, arms: dict[str, list[str]], common: list
     curves = {arm: read_rows(out / "runs" / arm / LEARNING) for arm in arms if (out / "runs" / arm).is_dir()}
     report = out / "report"
     text = (
-        f'{about} Common to every arm: `{" ".join(common)}`. "Above/past from": the first validation '
+        f'{about} Common to every arm: `{typed_command(" ".join(common))}`. "Above/past from": the first validation '
         f"from which the head stayed above (past) its trivial baseline to the last one; hidden cosine: "
         f"the mean cosine between the encoder's final hidden states at held-out tokens (near 1: every "
         f"token looks alike); distinct answers: the different tokens a masked head answers at [MASK]."

@@ -82,7 +82,15 @@ def _source(report: Path, link: str) -> str:
         from pretrainlab.studies.cost import _hours  # lazily: start-up time (module docstring)
 
         cost = json.loads(cost_file.read_text(encoding="utf-8"))
-        line += f" Pretraining {_hours(cost['pretraining_s'])}, evaluation {_hours(cost['evaluation_s'])}."
+        wall = cost.get("wall_s") or {}
+        if wall:  # the study's durations; process time summed over runs at once is not one
+            of = f" {cost['wall_of']}" if cost.get("wall_of") else ""
+            line += " Wall-clock" + of + ": " + ", ".join(f"{p} {_hours(float(s))}" for p, s in wall.items()) + "."
+        else:
+            line += (
+                f" Process time, summed over the runs: pretraining {_hours(cost['pretraining_s'])}, "
+                f"evaluation {_hours(cost['evaluation_s'])}."
+            )
     return line
 
 
@@ -340,6 +348,34 @@ def check(root: Path = ROOT) -> list[str]:
     return stale
 
 
+def _check_comparison(report: Path, table: dict) -> None:
+    """A comparison's numbers against their own sense (every mean inside its interval) and its Markdown
+    against its JSON (the table comparison.md shows is the one comparison.json makes)."""
+    from pretrainlab.compare import to_markdown  # lazily: start-up time (module docstring)
+
+    where = report / "comparison.json"
+    try:
+        rows = [(label, task, c) for label, cells in table["cells"].items() for task, c in cells.items()]
+        rows += [(label, "glue", g) for label, g in (table.get("glue") or {}).items()]
+        made = to_markdown(table)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DocsError(f"{where} is not a comparison this version of pretrainlab reads ({e})") from None
+    for label, task, cell in rows:
+        summary = (cell or {}).get("summary") or {}
+        ci, mean = summary.get("ci"), summary.get("mean")
+        if ci and mean is not None and not (ci[0] - 1e-6 <= mean <= ci[1] + 1e-6):
+            raise DocsError(
+                f"{where}: {label}'s {task} has a mean of {mean:.4g} outside its interval ({ci[0]:.4g}, {ci[1]:.4g}): "
+                "a number was edited after the command wrote it. Publish the report as the command wrote it"
+            )
+    md = report / "comparison.md"
+    if md.is_file() and made not in md.read_text(encoding="utf-8"):
+        raise DocsError(
+            f"{md} does not show the table {where.name} makes: one was edited after the command wrote them. "
+            "Publish the report as the command wrote it, or run the command again"
+        )
+
+
 def verify(report: Path) -> None:
     """A report's files as the command wrote them, checked against each other: every JSON file parses,
     a study's comparison.csv is what its comparison.json makes, a tool's report.md holds the table its
@@ -373,6 +409,10 @@ def verify(report: Path) -> None:
                 f"{comparison} and {table_csv.name} disagree: one was edited after the command wrote them. "
                 "Publish the report as the command wrote it, or run the command again"
             )
+    if "comparison.json" in parsed:
+        _check_comparison(report, parsed["comparison.json"])
+    if "report.json" in parsed and not (parsed["report.json"] or {}).get("rows"):
+        raise DocsError(f"{report / 'report.json'} has no rows: a report that measured nothing is not published")
     tool, tool_md = report / "report.json", report / "report.md"
     if tool.is_file() and tool_md.is_file() and _table(report, "") not in tool_md.read_text(encoding="utf-8"):
         raise DocsError(
@@ -389,6 +429,8 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
             f"--name {name!r}: a report's name is one folder name under {RESULTS}: letters, digits, '-', '_' "
             f"or '.', starting with a letter or digit (e.g. quick-study)"
         )
+    if (root / RESULTS / name).exists() and not (root / RESULTS / name).is_dir():
+        raise DocsError(f"--name {name!r}: {RESULTS / name} is a file of the docs, not a report: choose another name")
     if not (report / "provenance.json").is_file():
         raise DocsError(
             f"{report} has no provenance.json (the command, commit, date and device that made it): "
@@ -400,14 +442,93 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
         raise DocsError(f"{dest} exists: pass --replace to put this report in its place (git keeps the old one)")
     tmp = dest.with_name(f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for pattern in REPORT_FILES:
-        for f in sorted(report.glob(pattern)):
-            shutil.copy2(f, tmp / f.name)
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    try:
+        tmp.mkdir(parents=True)
+        for pattern in REPORT_FILES:
+            for f in sorted(report.glob(pattern)):
+                shutil.copy2(f, tmp / f.name)
+        typed_commands(tmp)
+        if dest.exists():  # every block that cites this name must still have what it reads
+            _cited_by(root, name, tmp)
+        for path, found in sorted(_absolute_paths(tmp).items()):
+            print(
+                f"publish: {path.name} holds absolute paths of the machine that ran it: {', '.join(found[:3])}",
+                file=sys.stderr,
+            )
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def typed_commands(report: Path) -> None:
+    """The commands a report records (provenance.json; a slot's record and its earlier starts; the line a
+    tool's report.md ends with) as a user types them from the repository's root (``typed_command``)."""
+    from pretrainlab.runtime.provenance import absolute_paths, machine_free, typed_command  # lazily: start-up
+
+    provenance = report / "provenance.json"
+    record = json.loads(provenance.read_text(encoding="utf-8"))
+    was, record["command"] = record["command"], typed_command(record["command"])
+    atomic.write_text(provenance, json.dumps(record, indent=2))
+
+    def spans(text: str) -> str:  # a command or overrides quoted as code, then the rest of the report's words
+        quoted = re.sub(r"`([^`\n]+)`", lambda m: f"`{typed_command(m[1])}`" if absolute_paths(m[1]) else m[0], text)
+        return machine_free(quoted)
+
+    md = report / "report.md"
+    if md.is_file():
+        atomic.write_text(md, spans(md.read_text(encoding="utf-8").replace(f"`{was}`", f"`{record['command']}`")))
+    tool = report / "report.json"
+    if tool.is_file():
+        data = json.loads(tool.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("about"), str):
+            data["about"] = spans(data["about"])
+            atomic.write_text(tool, json.dumps(data))
+    slot = report / "slot.json"
+    if slot.is_file():
+        data = json.loads(slot.read_text(encoding="utf-8"))
+        for start in [data, *(data.get("earlier") or [])]:
+            if isinstance(start, dict) and start.get("command"):
+                start["command"] = typed_command(start["command"])
+        atomic.write_json(slot, data)
+        if (report / "slot.md").is_file():
+            from pretrainlab.slot.report import slot_markdown  # lazily: start-up time (module docstring)
+
+            atomic.write_text(report / "slot.md", slot_markdown(data) + "\n")
+
+
+def _absolute_paths(report: Path) -> dict[Path, list[str]]:
+    from pretrainlab.runtime.provenance import absolute_paths  # lazily: start-up time (module docstring)
+
+    found = {f: absolute_paths(f.read_text(encoding="utf-8", errors="replace")) for f in sorted(report.glob("*.md"))}
+    found |= {f: absolute_paths(f.read_text(encoding="utf-8")) for f in sorted(report.glob("*.json"))}
+    return {f: paths for f, paths in found.items() if paths}
+
+
+def _cited_by(root: Path, name: str, candidate: Path) -> None:
+    """Refuse a replacement of report ``name`` by ``candidate`` that leaves a block or value citing it
+    without what it reads (another kind of report under the name the README cites)."""
+    for doc in docs_files(root):
+        text = doc.read_text(encoding="utf-8")
+        for m in [*BLOCK.finditer(text), *VALUE.finditer(text)]:
+            if m["name"] != name:
+                continue
+            try:
+                if "kind" in m.groupdict() and m.groupdict().get("kind"):
+                    main = next(
+                        (candidate / f for f in ("comparison.md", "report.md") if (candidate / f).is_file()), candidate
+                    )
+                    BLOCKS[m["kind"]](candidate, os.path.relpath(main, doc.parent))
+                else:
+                    _lookup(_load(candidate, m["file"]), m["key"], str(doc))
+            except (DocsError, KeyError, TypeError, ValueError, OSError, StopIteration) as e:
+                raise DocsError(
+                    f"--replace {name}: {doc.relative_to(root)} cites {name} ({m.group(1).strip()}), and the report "
+                    f"given does not have what it reads ({e}). Publish it under another name, or change the citing "
+                    "block first"
+                ) from None
 
 
 def checkout(start: Path) -> Path:
