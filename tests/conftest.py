@@ -57,6 +57,28 @@ def _no_shared_wandb_service():
     os.environ.pop("WANDB_SERVICE", None)
 
 
+_WATCHED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR2", "SIGALRM") if hasattr(signal, name))
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored(request):
+    """A test that installs a signal handler in the test process restores it: one left installed once
+    kept a `timeout 900 pytest ...` running 28 minutes past its SIGTERM. Whatever a test leaves is put
+    back, and the test fails naming the signal."""
+    before = {s: signal.getsignal(s) for s in _WATCHED}
+    yield
+    left = [s for s in _WATCHED if signal.getsignal(s) is not before[s]]
+    for s in left:
+        signal.signal(s, before[s])
+    if hasattr(signal, "setitimer"):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if left:
+        pytest.fail(
+            f"{request.node.nodeid} left its handler of {', '.join(signal.Signals(s).name for s in left)} installed "
+            "in the test process: restore it (try/finally) where it is installed"
+        )
+
+
 def run_command(args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     """Run a command to its end, its output in files rather than pipes: a process it leaves behind
     (a DataLoader worker, a wandb-core service) holding a pipe open would keep a reader waiting

@@ -78,6 +78,11 @@ def test_invalid_utf8_is_named_with_its_file_and_offset_or_replaced_on_request(t
         TextFiles(files=[str(tmp_path / "books")], encoding_errors="replace").fingerprint()
         != TextFiles(files=[str(tmp_path / "books")]).fingerprint()
     )
+    # one file of random bytes: named as not UTF-8, not advised to split its "documents" at blank lines
+    noise = tmp_path / "noise.txt"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes())
+    with pytest.raises(CorpusError, match=f"{noise} is not valid UTF-8: byte 0x.. at offset"):
+        TextFiles(files=[str(noise)]).documents(tmp_path / "c3")
 
 
 @pytest.mark.parametrize("blank_lines", [False, True])

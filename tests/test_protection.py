@@ -463,3 +463,21 @@ def test_a_damaged_export_record_is_named_with_its_file(tmp_path, record):
     (export / CONFIG).write_text(record)
     with pytest.raises(ExportError, match=r"encoder/config.json: not an encoder's export record"):
         encoder_identity(str(tmp_path / "run"))
+
+
+def test_reports_are_strict_json_a_value_that_is_not_a_number_is_null(tmp_path):
+    """learning.json, comparison.json and intrinsic.json held the literal NaN, which strict parsers refuse."""
+    from pretrainlab import atomic
+
+    def strict_parse(text: str):
+        def refuse(constant: str):
+            raise ValueError(f"{constant} is not JSON")
+
+        return json.loads(text, parse_constant=refuse)
+
+    path = atomic.write_json(
+        tmp_path / "r.json", {"acc": float("nan"), "rows": [1.5, float("inf"), {"x": -float("inf")}]}
+    )
+    assert strict_parse(path.read_text()) == {"acc": None, "rows": [1.5, None, {"x": None}]}
+    for report in sorted((ROOT / "docs" / "results").glob("*/*.json")):
+        strict_parse(report.read_text())  # every published report

@@ -150,6 +150,9 @@ def _qa(qid, text, start):
         ([{"context": "Paris is big.", "qas": [{"id": "q5", "question": "?", "answers": []}]}], "q5 has no answer"),
         # an empty question was scored as one the model could answer
         ([{"context": "Paris is big.", "qas": [{**_qa("q6", "Paris", 0), "question": "  "}]}], "question q6 is empty"),
+        # a boolean was read as character 1 (Python's int(True))
+        ([{"context": "Paris is big.", "qas": [_qa("q7", "aris", True)]}], "question q7: answer_start True is not"),
+        ([{"context": "Paris is big.", "qas": [_qa("q8", "aris", 1.5)]}], "question q8: answer_start 1.5 is not"),
     ],
 )
 def test_questions_that_are_not_real_questions_are_refused_naming_the_file_and_the_question(tmp_path, paragraphs, says):

@@ -399,3 +399,19 @@ def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
     md = (tmp_path / cfg.study / "report" / "comparison.md").read_text()
     assert f"Arms: what each changes beside {cfg.baseline}" in md
     assert "nothing" not in md.split("Arms:")[1].split("\n\n")[0]  # every arm changes something
+
+
+def test_a_data_folder_the_study_would_ignore_is_refused_naming_the_config_file_not_the_study(tmp_path):
+    """The refusal said `--config-name quick` (the study's name) for a study composed from ablate_quick."""
+    blimp = tmp_path / "blimp"
+    blimp.mkdir()
+    done = run_command(
+        [sys.executable, str(ROOT / "experiments" / "ablate.py"), "--config-name", "ablate_quick",
+         f"output_root={tmp_path}", f"data_dirs.blimp={blimp}"],
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "synthetic in the glue.overrides of conf/ablate_quick.yaml): the folder would be ignored" in done.stderr, (
+        done.stderr[-2000:]
+    )
+    assert "--config-name quick" not in done.stderr

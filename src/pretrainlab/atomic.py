@@ -13,6 +13,7 @@ a shared ``runs/`` and a second user out of a shared cache.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -131,8 +132,26 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
+def strict(data: Any) -> Any:
+    """``data`` with every float that is not a number (NaN, inf) as None: JSON has no NaN, and strict
+    parsers refuse the literal; a metric with nothing to measure (a head whose batch held none of a
+    kind of position) is written ``null``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: strict(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict(v) for v in data]
+    return data
+
+
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """Strict JSON of ``data`` (:func:`strict`): what every report and record of the project is written as."""
+    return json.dumps(strict(data), indent=indent, default=str, allow_nan=False)
+
+
 def write_json(path: str | Path, data: Any) -> Path:
-    return write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    return write_text(path, json_text(data) + "\n")
 
 
 def build_dir(final: str | Path, build: Callable[[Path], object], replace: bool = True) -> Path:
@@ -221,6 +240,8 @@ __all__ = [
     "temporary_dir",
     "umask",
     "write_bytes",
+    "json_text",
+    "strict",
     "write_json",
     "write_named",
     "write_text",

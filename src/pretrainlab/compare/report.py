@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pretrainlab import atomic, uncertainty
@@ -45,7 +44,7 @@ def write_report(
     out = Path(out_dir)
     atomic.write_text(out / "comparison.md", to_markdown(table) + "\n")
     atomic.write_text(out / "comparison.csv", to_csv(table))
-    atomic.write_text(out / "comparison.json", json.dumps(table, indent=2))
+    atomic.write_text(out / "comparison.json", atomic.json_text(table))
     plot(table, out / "comparison.png")
     if table["curve"]:
         scratch = {lb: g["score"][0] for lb, g in table["glue"].items() if lb.startswith("scratch")}

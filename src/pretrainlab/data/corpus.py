@@ -159,6 +159,23 @@ def _first_invalid_utf8(files: list[Path]) -> str:
     return "a data file is not valid UTF-8; set data.encoding_errors=replace to read undecodable bytes as U+FFFD."
 
 
+def _invalid_utf8(files: list[Path]) -> str | None:
+    """The message of :func:`_first_invalid_utf8` for the first file that is not valid UTF-8 (read a
+    megabyte at a time), or None when every one is."""
+    import codecs
+
+    for f in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return _first_invalid_utf8([f])
+    return None
+
+
 def _first_invalid_json(files: list[Path], text_column: str) -> str | None:
     """A message naming the first .jsonl/.json file that the JSON loader cannot read, the line and
     what is wrong; None when every file reads (the failure lay elsewhere)."""
@@ -361,6 +378,8 @@ class TextFiles(Corpus):
     def documents(self, cache_dir: Path) -> datasets.Dataset:
         files = self.resolve()
         loader = _loader(files[0])
+        if loader in ("text", "json") and self.encoding_errors == "strict" and (problem := _invalid_utf8(files)):
+            raise CorpusError(problem)  # before anything else is said of text that is not text
         if loader == "text" and self.doc_split == "file" and len(files) < 2:
             raise CorpusError(
                 f"data.files={self.files} is one .txt file, and with data.doc_split=file that is one "

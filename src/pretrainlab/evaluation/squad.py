@@ -116,6 +116,15 @@ def scores(predictions: dict[str, str], examples: list[Example]) -> dict[str, fl
 
 
 # --- the data -----------------------------------------------------------------------------------------------
+def _position(value: object, question: object, where: str) -> int:
+    """An ``answer_start``: a whole number of characters (``true`` is not one, though Python's int() reads it as 1)."""
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise SquadDataError(
+            f"{where}: question {question}: answer_start {value!r} is not a character position (a whole number >= 0)."
+        )
+    return int(value)
+
+
 def parse(data: dict, where: str) -> list[Example]:
     """The questions of a SQuAD-format document, each answer checked against its context."""
     try:
@@ -125,7 +134,9 @@ def parse(data: dict, where: str) -> list[Example]:
             for paragraph in article["paragraphs"]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
-                    answers = tuple((str(a["text"]), int(a["answer_start"])) for a in qa["answers"])
+                    answers = tuple(
+                        (str(a["text"]), _position(a["answer_start"], qa.get("id"), where)) for a in qa["answers"]
+                    )
                     out.append(Example(str(qa["id"]), str(qa["question"]), context, answers))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, SquadDataError):

@@ -402,6 +402,16 @@ def _pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], f
     return planned
 
 
+def _config_file() -> str:
+    """The study's config file as the command line named it (``--config-name``), where Hydra ran it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return f"conf/{HydraConfig.get().job.config_name}.yaml"
+    except ValueError:  # composed in a process (a slot, a test), not by a Hydra command
+        return "the study's config"
+
+
 class _Prepared:
     """A study's work as it stands, every part of it checked before any of it runs: the pretraining
     runs (those done, those to run or resume), the evaluation suites' configs, the tasks and seeds."""
@@ -420,7 +430,7 @@ class _Prepared:
             if path is not None and str((probe.get(block) or {}).get("source")) == "synthetic":
                 raise ConfigError(
                     f"data_dirs.{block}={path}, but this study reads {block} from its synthetic set ({block}.source="
-                    f"synthetic in glue.overrides of --config-name {cfg.study}): the folder would be ignored. Drop "
+                    f"synthetic in the glue.overrides of {_config_file()}): the folder would be ignored. Drop "
                     f"data_dirs.{block}, or add {block}.source=local to glue.overrides to read it."
                 )
         check_evaluation_inputs(probe, self.tasks)

@@ -148,6 +148,7 @@ class JobWork:
             raise SystemExit(128 + signum)
 
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
         signal.signal(signal.SIGTERM, stop)  # submitit's own handler ignores SIGTERM
         signal.signal(signal.SIGUSR2, near_the_limit)
         try:
@@ -158,6 +159,9 @@ class JobWork:
                 subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
                 log.warning("job %s requeued: it resumes from its checkpoint when it starts again", job)
             raise SlurmError(f"stopped by a signal (exit status {e.code}); a requeued job resumes") from None
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
         atomic.write_json(Path(self.done), {"job": os.environ.get("SLURM_JOB_ID"), "time": time.time()})
 
 

@@ -15,7 +15,6 @@ data files; anything else is refused rather than reported beside new results. ``
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +185,6 @@ def run_suite(
 
 def write_summary(results: list[dict], output_dir: Path) -> None:
     table = aggregate([as_final(r) for r in results])  # one encoder, a snapshot's included
-    atomic.write_text(output_dir / "summary.json", json.dumps(table, indent=2))
+    atomic.write_text(output_dir / "summary.json", atomic.json_text(table))
     atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")
     log.info("GLUE suite summary -> %s", output_dir / "summary.md")

@@ -196,7 +196,7 @@ def write_table_report(out: Path, title: str, columns: list[str], rows: list[lis
     provenance = report_provenance(rerun_command())
     atomic.write_text(out / "provenance.json", json.dumps(provenance, indent=2))
     atomic.write_text(
-        out / "report.json", json.dumps({"title": title, "about": about, "columns": columns, "rows": rows})
+        out / "report.json", atomic.json_text({"title": title, "about": about, "columns": columns, "rows": rows}, None)
     )
     table = _table(out, "")
     md = (
