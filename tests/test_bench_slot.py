@@ -4,6 +4,8 @@ say nothing of a GPU's."""
 
 import json
 
+import pytest
+
 from pretrainlab.tools import bench_slot
 
 
@@ -41,3 +43,21 @@ def test_the_fusable_objectives_are_those_that_name_one_encoder_call_on_one_shap
     assert alone == ["electra", "xlnet"]
     # encoders whose layers are one set of weights (ALBERT's sharing) are not stacked
     assert bench_slot.groups(["albert", "roberta"], "albert_base") == ([], ["albert", "roberta"])
+
+
+def test_the_bench_refuses_what_it_cannot_time_and_folders_it_did_not_make(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    for argv, says in [
+        (["--objectives", "robrta"], "--objectives robrta: choose among albert"),
+        (["--batch", "0"], "--batch 0: give a whole number of 1 or more"),
+        (["--window-s", "inf"], "--window-s inf: give a number of seconds above 0"),
+        (["--levers", "today,warp"], "--levers: warp unknown"),
+        (["--report", str(mine)], "a new or empty folder (or one this bench wrote)"),
+        (["--work", str(mine / "report.md")], "a new or empty folder"),
+    ]:
+        with pytest.raises(SystemExit):
+            bench_slot.main(["--device", "cpu", "--eager", *argv])
+        assert says in capsys.readouterr().err
+    assert (mine / "report.md").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["report.md"]

@@ -320,7 +320,7 @@ def test_a_published_command_is_the_one_a_user_types_from_the_repository(tmp_pat
     report = tmp_path / "report"
     report.mkdir()
     here = ROOT / "runs" / "encoder"
-    command = f"python {ROOT}/src/pretrainlab/slot/__main__.py run --out /root/out data.path=/tmp/x/corpus {here}"
+    command = f"python {ROOT}/src/pretrainlab/slot/__main__.py run --out /root/out data.path=/elsewhere/x/corpus {here}"
     (report / "provenance.json").write_text(json.dumps({"command": command, "date": "d", "device": "cpu"}))
     rows = [["roberta", "0.5"]]
     (report / "report.json").write_text(
@@ -329,14 +329,15 @@ def test_a_published_command_is_the_one_a_user_types_from_the_repository(tmp_pat
     (report / "report.md").write_text(
         f"# T\n\nFrom `{command}`.\n\n| a | b |\n|---|---|\n| roberta | 0.5 |\n\n`{command}` (d, cpu)\n"
     )
-    (report / "runs.json").write_text(json.dumps({"run": "/tmp/x/runs/roberta-s0"}))
+    (report / "runs.json").write_text(json.dumps({"run": "/elsewhere/x/runs/roberta-s0"}))
     dest = docs.publish(report, "typed", root=tmp_path)
     typed = "python -m pretrainlab.slot run --out '<out>' 'data.path=<data.path>' runs/encoder"
     assert json.loads((dest / "provenance.json").read_text())["command"] == typed
     assert f"`{typed}`" in (dest / "report.md").read_text() and str(ROOT) not in (dest / "report.md").read_text()
     assert typed in json.loads((dest / "report.json").read_text())["about"]
     assert (
-        "runs.json holds absolute paths of the machine that ran it: /tmp/x/runs/roberta-s0" in capsys.readouterr().err
+        "runs.json holds absolute paths of the machine that ran it: /elsewhere/x/runs/roberta-s0"
+        in capsys.readouterr().err
     )
 
 

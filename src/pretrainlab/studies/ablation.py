@@ -140,8 +140,10 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
     ``key=value`` strings or that does not name its objective exactly once."""
     known = options("objective")
     arms = cfg.get("arms")
-    check_not_owned(list(cfg.get("pretrain") or []), "pretrain", every_run=True)
-    for objective, overrides in (cfg.get("objective_overrides") or {}).items():
+    written = OmegaConf.to_container(cfg, resolve=False)  # the keys as written (their values may interpolate)
+    assert isinstance(written, dict)
+    check_not_owned(list(written.get("pretrain") or []), "pretrain", every_run=True)
+    for objective, overrides in (written.get("objective_overrides") or {}).items():
         check_not_owned(list(overrides), f"objective_overrides.{objective}")
     if arms is not None and len(arms) == 0:
         raise ConfigError(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -627,7 +628,28 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.batch or 256
     from pretrainlab.runtime.hydra import options
 
-    objectives = options("objective") if args.objectives == "all" else args.objectives.split(",")
+    known = options("objective")
+    objectives = known if args.objectives == "all" else [o for o in args.objectives.split(",") if o]
+    unknown_objectives = [o for o in objectives if o not in known]
+    if unknown_objectives or not objectives:
+        parser.error(f"--objectives {args.objectives}: choose among {', '.join(known)} (comma-separated), or all")
+    for name, value in (("--batch", args.batch), ("--batch-factor", args.batch_factor), ("--seq-len", args.seq_len),
+                        ("--vocab", args.vocab), ("--warmup-steps", args.warmup_steps)):  # fmt: skip
+        if value is not None and value < 1:
+            parser.error(f"{name} {value}: give a whole number of 1 or more")
+    for name, value in (("--window-s", args.window_s), ("--warm-timeout-s", args.warm_timeout_s)):
+        if not (math.isfinite(value) and value > 0):
+            parser.error(f"{name} {value}: give a number of seconds above 0")
+    for name, folder, mark in (("--work", args.work, "results.json"), ("--report", args.report, "bench-slot.json")):
+        path = Path(folder) if folder else None
+        if (
+            path is not None
+            and path.exists()
+            and (not path.is_dir() or (any(path.iterdir()) and not (path / mark).exists()))
+        ):
+            parser.error(
+                f"{name} {folder}: a new or empty folder (or one this bench wrote), so that nothing there is overwritten"
+            )
     levers = args.levers.split(",")
     unknown = [lever for lever in levers if lever not in ALL_LEVERS]
     if unknown:
@@ -656,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-slot-"))
     work.mkdir(parents=True, exist_ok=True)
+    (work / "results.json").write_text("{}")  # this bench's folder (its results at the end)
     t0 = time.time()
     peak, hardware = None, f"CPU, {os.cpu_count()} cores"
     if device == "cuda":
