@@ -339,6 +339,11 @@ def test_a_published_command_is_the_one_a_user_types_from_the_repository(tmp_pat
         "runs.json holds absolute paths of the machine that ran it: /elsewhere/x/runs/roberta-s0"
         in capsys.readouterr().err
     )
+    # a report of older code, with the literal NaN in its JSON: published as strict JSON
+    (report / "runs.json").write_text('{"acc": NaN, "rows": [1.0, Infinity]}')
+    dest = docs.publish(report, "typed", root=tmp_path, replace=True)
+    assert json.loads((dest / "runs.json").read_text()) == {"acc": None, "rows": [1.0, None]}
+    assert "NaN" not in (dest / "runs.json").read_text()
 
 
 def test_no_generated_block_of_the_docs_carries_a_path_of_the_machine_that_made_it():

@@ -448,6 +448,7 @@ def publish(report: Path, name: str, root: Path = ROOT, replace: bool = False) -
             for f in sorted(report.glob(pattern)):
                 shutil.copy2(f, tmp / f.name)
         typed_commands(tmp)
+        strict_json(tmp)
         if dest.exists():  # every block that cites this name must still have what it reads
             _cited_by(root, name, tmp)
         for path, found in sorted(_absolute_paths(tmp).items()):
@@ -497,6 +498,15 @@ def typed_commands(report: Path) -> None:
             from pretrainlab.slot.report import slot_markdown  # lazily: start-up time (module docstring)
 
             atomic.write_text(report / "slot.md", slot_markdown(data) + "\n")
+
+
+def strict_json(report: Path) -> None:
+    """A report's JSON files written as strict JSON: the literal NaN (a report of older code) as null."""
+    for f in sorted(report.glob("*.json")):
+        text = f.read_text(encoding="utf-8")
+        if re.search(r"\b(NaN|-?Infinity)\b", text):
+            indent = 2 if "\n" in text.strip() else None
+            atomic.write_text(f, atomic.json_text(json.loads(text), indent) + ("\n" if text.endswith("\n") else ""))
 
 
 def _absolute_paths(report: Path) -> dict[Path, list[str]]:
