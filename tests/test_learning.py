@@ -52,7 +52,7 @@ def train(tmp_path, objective: str, steps: int, *extra: str) -> dict:
 
 
 def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
-    result = train(tmp_path, "roberta", 500)
+    result = train(tmp_path, "roberta", 300)
     baseline = unigram_baseline()
     assert 0.1 < baseline < 0.25
     assert result["val/mlm_acc"] > 2 * baseline, (result["val/mlm_acc"], baseline)
@@ -66,7 +66,7 @@ def test_roberta_mlm_learns_far_above_the_unigram_baseline(tmp_path):
 def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
     """Every target predicted through the query stream, which never sees its own token: all of its
     accuracy is prediction from context (no copying of a kept token, as a masked LM's tenth)."""
-    result = train(tmp_path, "xlnet", 500)
+    result = train(tmp_path, "xlnet", 350)
     baseline = unigram_baseline()
     at_targets, unigram = result["learning/plm_acc_at_mask"], result["learning/plm_unigram_acc"]
     assert abs(unigram - baseline) < 0.03 and at_targets > 2.5 * unigram, (at_targets, unigram)
@@ -77,7 +77,7 @@ def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(tmp_path):
 
 
 def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path):
-    result = train(tmp_path, "clm", 500)
+    result = train(tmp_path, "clm", 250)
     baseline = unigram_baseline()
     at_next, unigram = result["learning/clm_acc_at_mask"], result["learning/clm_unigram_acc"]
     assert abs(unigram - baseline) < 0.03 and at_next > 2.5 * unigram, (at_next, unigram)
@@ -86,9 +86,9 @@ def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(tmp_path
 
 
 def test_the_hybrid_learns_both_its_masked_and_its_causal_head(tmp_path):
-    """GPT-BERT at its 1/16 causal share (a quarter here, so that 500 steps hold enough causal rows
+    """GPT-BERT at its 1/16 causal share (a quarter here, so that 400 steps hold enough causal rows
     to measure): both the masked positions and the next tokens far above the unigram baseline."""
-    result = train(tmp_path, "gpt_bert", 500, "objective.causal_share=0.25")
+    result = train(tmp_path, "gpt_bert", 400, "objective.causal_share=0.25")
     unigram = result["learning/mlm_unigram_acc"]
     assert result["learning/mlm_acc_at_mask"] > 2 * unigram and result["learning/clm_acc_at_mask"] > 2 * unigram
     assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
@@ -148,7 +148,7 @@ def test_electra_generator_and_discriminator_learn(tmp_path):
 def test_spanbert_learns_its_spans_from_context_and_from_their_boundaries(tmp_path):
     """Both of SpanBERT's heads far above the unigram baseline: the masked LM at span tokens, and
     the span boundary objective, which sees only the two tokens outside a span and an offset."""
-    result = train(tmp_path, "spanbert", 500)
+    result = train(tmp_path, "spanbert", 350)
     baseline = unigram_baseline()
     for head in ("mlm", "sbo"):
         at_mask, unigram = result[f"learning/{head}_acc_at_mask"], result[f"learning/{head}_unigram_acc"]
