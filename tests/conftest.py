@@ -39,6 +39,65 @@ def pytest_runtest_logreport(report):
     if path and report.failed and not getattr(report, "node", None):  # node: a report relayed to xdist's controller
         with open(path, "a") as f:
             f.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f}s)\n{report.longreprtext}\n\n")
+    if os.environ.get("PRETRAINLAB_TEST_DURATIONS") and not getattr(report, "node", None):
+        _record({"test": report.nodeid, "when": report.when, "seconds": report.duration, "outcome": report.outcome,
+                 **({k: round(v, 2) for k, v in _PARTS.items()} if report.when == "call" else {})})  # fmt: skip
+
+
+# --- where the suite's time goes (PRETRAINLAB_TEST_DURATIONS=<file>: experiments/test_durations.py reads it) ---
+_PARTS: dict[str, float] = {}
+
+
+def _record(entry: dict) -> None:
+    import json
+
+    with open(os.environ["PRETRAINLAB_TEST_DURATIONS"], "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):
+    import time as _time
+
+    import lightning as _lightning
+
+    _fit = _lightning.Trainer.fit
+
+    def _timed(part: str, function):
+        def timed(*args, **kwargs):
+            start = _time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _PARTS[part] = _PARTS.get(part, 0.0) + _time.perf_counter() - start
+
+        return timed
+
+    def _fit(fit):  # pretraining, in this process (an evaluation's fitting is counted by its evaluation)
+        def fit_timed(self, model, *args, **kwargs):
+            if type(model).__name__ == "PretrainModule":
+                return _timed("pretraining", fit)(self, model, *args, **kwargs)
+            return fit(self, model, *args, **kwargs)
+
+        return fit_timed
+
+    _lightning.Trainer.fit = _fit(_lightning.Trainer.fit)  # type: ignore[method-assign]
+    import pretrainlab.evaluation.blimp  # noqa: F401  (every evaluation, so that each is timed)
+    import pretrainlab.evaluation.glue  # noqa: F401
+    import pretrainlab.evaluation.ner  # noqa: F401
+    import pretrainlab.evaluation.probes  # noqa: F401
+    import pretrainlab.evaluation.squad  # noqa: F401
+    from pretrainlab.evaluation.base import Evaluation as _Evaluation
+
+    _classes = [_Evaluation]
+    while _classes:
+        _cls = _classes.pop()
+        _classes += _cls.__subclasses__()
+        if "evaluate" in vars(_cls):
+            _cls.evaluate = _timed("evaluation", vars(_cls)["evaluate"])  # type: ignore[method-assign]
+
+
+def pytest_runtest_setup(item):
+    _PARTS.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +143,16 @@ def run_command(args: list[str], timeout: float = 600, **kwargs) -> subprocess.C
     (a DataLoader worker, a wandb-core service) holding a pipe open would keep a reader waiting
     for the end of the output after the command has exited. On timeout the command's whole process
     group is killed and the test fails with the end of its output."""
+    import time
+
+    started = time.perf_counter()
+    try:
+        return _run_command(args, timeout, **kwargs)
+    finally:
+        _PARTS["commands"] = _PARTS.get("commands", 0.0) + time.perf_counter() - started
+
+
+def _run_command(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, start_new_session=True, **kwargs)
         try:
