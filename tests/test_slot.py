@@ -26,7 +26,6 @@ SMALL = [
     "precision=32-true",
     "compile=false",  # on a GPU too: a compile per process would take the scaled-down slot's whole window
     "objectives=[roberta,bert]",
-    "jobs=2",
     "glue.tasks=[sst2]",
     "glue.seeds=[0]",
     "slot.reserve_s.evaluation=40",  # two encoders at once, then scratch, on a busy CPU
@@ -140,7 +139,7 @@ def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_w
     with pytest.raises(InputsError, match="dev.tsv is missing or differs from the file packed"):
         unpack(archive, tmp_path / "work")
 
-    cfg = compose_study(Path("inputs"), 0, tmp_path, SMALL)
+    cfg = compose_study(Path("inputs"), [0], tmp_path, SMALL)
     dirs = {"glue": root / "glue", "blimp": root / "blimp", "ner": root / "conll2003"}
     with pytest.raises(InputsError, match="exists: pack into a new file"):
         pack(cfg, archive, root / "corpus" / "synthetic", dirs)
@@ -223,7 +222,8 @@ ARMS = ['arms={roberta: ["objective=roberta"], bert-nsp0: ["objective=bert", "ob
 def _small(options) -> list[str]:
     """SMALL, for a slot given ``options``: arms are its rows instead of objectives (the two together are refused)."""
     arms = any(str(o).lstrip("+").startswith(("arms=", "ablation=")) for o in options)
-    return [o for o in SMALL if not (arms and o.startswith("objectives="))]
+    given = {str(o).split("=", 1)[0] for o in options if "=" in str(o)}  # a setting the test gives wins
+    return [o for o in SMALL if not (arms and o.startswith("objectives=")) and o.split("=", 1)[0] not in given]
 
 
 def _slot(inputs: Path, out: Path, seed: int, work: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -248,7 +248,7 @@ def _in_process(inputs: Path, out: Path, work: Path, *overrides: str):
     return SlotArgs(
         inputs=inputs,
         out=out,
-        seed=0,
+        seeds=[0],
         work=work,
         budget_flops=1e12,
         overrides=[*_small(overrides), *overrides],
@@ -274,25 +274,33 @@ def _retar(archive: Path, out: Path, edit) -> Path:
 
 @pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
-    """Scaled down (tiny encoders, generated data, a two-minute slot on a CPU), a study of two arms: the
-    first slot calibrates and plans its budget by arm, the second takes it from the first one's archive;
-    each brings back one archive without weights; merged, they make one report over two pretraining
-    seeds, its rows the arms; slots of other arms are refused as other settings."""
+    """Scaled down (tiny encoders, generated data, a slot of a few minutes on a CPU), a study of two arms:
+    the first slot trains two pretraining seeds in one start, calibrating every run at once and planning
+    one budget for all; the second (a third seed) takes it from the first one's archive; each brings
+    back one archive without weights; merged, they make one report over three pretraining seeds, its
+    rows the arms; slots of other arms are refused as other settings."""
     from pretrainlab.slot.archive import MergeError, merge
     from pretrainlab.slot.inputs import unpack
 
     _, inputs = packed
     out = tmp_path / "out"
-    first = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
+    # five encoders to evaluate (two arms x two seeds, and scratch) on two cores: more time kept for them
+    longer = ["--minutes", "2.8", "slot.reserve_s.evaluation=75"]
+    first = _slot(inputs, out, "0,1", "s0", *longer, *ARMS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    a = out / "slot-s0.tar.gz"
+    a = out / "slot-s0-1.tar.gz"
     record = _record(a)
     plan = record["plan"]
-    assert plan["source"] == "calibrated" and plan["budget_flops"] > 0
-    assert set(plan["rates"]) == {"roberta", "bert-nsp0"} and all(r["alone"] > 0 for r in plan["rates"].values())
-    assert plan["throughput"]["jobs"] == 2 and plan["throughput"]["speedup"] > 0
+    assert record["seeds"] == [0, 1] and plan["source"] == "calibrated" and plan["budget_flops"] > 0
+    runs = ["roberta-s0", "bert-nsp0-s0", "roberta-s1", "bert-nsp0-s1"]
+    assert set(plan["rates"]) == set(runs) and all(r["alone"] > 0 for r in plan["rates"].values())
+    # every run timed at once; alone, each arm's first seed only (the other seed's run is the same run)
+    assert plan["measured"]["roberta-s1"]["alone_from"] == "roberta-s0"
+    assert plan["rates"]["roberta-s1"]["alone"] == plan["rates"]["roberta-s0"]["alone"]
+    assert plan["throughput"]["jobs"] == 4 and plan["throughput"]["speedup"] > 0
+    assert set(plan["planned_end_s"]) == set(runs)
     assert {"setup", "unpack", "calibration", "plan", "pretraining", "evaluation", "report"} <= set(record["phases"])
-    for run in ("roberta-s0", "bert-nsp0-s0"):  # trained to the budget it planned
+    for run in runs:  # trained to the budget it planned
         assert record["runs"][run]["flops"] >= plan["budget_flops"]
     with tarfile.open(a) as tar:
         names = tar.getnames()
@@ -306,18 +314,18 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 
-    again = _slot(inputs, out, 0, "s0b", *ARMS, cwd=tmp_path)
+    again = _slot(inputs, out, "0,1", "s0b", *ARMS, cwd=tmp_path)
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
     # the finished slot's own command again: refused before anything is written, its record kept
     kept = {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in ("slot.json", "slot.md")}
-    same = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
+    same = _slot(inputs, out, "0,1", "s0", *longer, *ARMS, cwd=tmp_path)
     assert same.returncode != 0 and "exists: give another --out" in same.stderr
     assert {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in kept} == kept
     assert not list(out.glob("*failed*")) and not (tmp_path / "s0b" / "slot" / "report").exists()
 
-    second = _slot(inputs, out, 1, "s1", "--plan-from", str(a), *ARMS, cwd=tmp_path)
+    second = _slot(inputs, out, 2, "s2", "--plan-from", str(a), *ARMS, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    b = out / "slot-s1.tar.gz"
+    b = out / "slot-s2.tar.gz"
     assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
 
     merged = tmp_path / "merged"
@@ -325,15 +333,15 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     assert sorted(table["labels"]) == ["bert-nsp0", "roberta", "scratch"]  # the arms
     comparison = json.loads((merged / "report" / "comparison.json").read_text())
     roberta = comparison["glue"]["roberta"]["summary"]
-    assert roberta["encoders"] == 2 and not roberta["conditional"]  # an interval over two pretraining seeds
+    assert roberta["encoders"] == 3 and not roberta["conditional"]  # an interval over three pretraining seeds
     learning = json.loads((merged / "report" / "learning.json").read_text())
-    assert sorted(learning) == ["bert-nsp0-s0", "bert-nsp0-s1", "roberta-s0", "roberta-s1"]
+    assert sorted(learning) == sorted([*runs, "roberta-s2", "bert-nsp0-s2"])
     slots = (merged / "report" / "slots.md").read_text()
-    assert "slot-s0.tar.gz | 0 |" in slots and "slot-s1.tar.gz | 1 |" in slots
+    assert "slot-s0-1.tar.gz | 0, 1 |" in slots and "slot-s2.tar.gz | 2 |" in slots
 
-    with pytest.raises(MergeError, match="slot-s0.tar.gz is given twice: name each slot's archive once"):
+    with pytest.raises(MergeError, match="slot-s0-1.tar.gz is given twice: name each slot's archive once"):
         merge([a, a], tmp_path / "twice")
-    copy = shutil.copy(a, tmp_path / "copy-of-s0.tar.gz")
+    copy = shutil.copy(a, tmp_path / "copy-of-s0-1.tar.gz")
     with pytest.raises(MergeError, match="each slot must pretrain another seed"):
         merge([a, copy], tmp_path / "twice")
     assert not (tmp_path / "twice").exists()  # refused before writing: the corrected merge is not "not empty"
@@ -411,12 +419,35 @@ def test_a_work_folder_holding_another_seeds_slot_is_refused_and_left_as_it_was(
     (study / "report").mkdir(parents=True)
     record = json.dumps({"seeds": [0], "plan": {"budget_flops": 1e12}})
     (study / "report" / "slot.json").write_text(record)
-    args = replace(_in_process(inputs, tmp_path / "out", tmp_path / "w"), seed=1)
-    with pytest.raises(ConfigError, match="holds the slot of pretraining seed 0 .* Give each seed its own --work"):
+    args = replace(_in_process(inputs, tmp_path / "out", tmp_path / "w"), seeds=[1, 2])
+    with pytest.raises(ConfigError, match="holds the slot of pretraining seed 0 .* Give each slot its own --work"):
         run_slot(args)
     assert (study / "report" / "slot.json").read_text() == record
     assert sorted(p.name for p in study.iterdir()) == ["pretrain", "report"]
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_slots_seeds_come_from_its_study_or_the_command_line_and_every_run_trains_at_once():
+    """``--seed 0,1,2`` or a question preset's ``seeds`` make one slot of three pretraining seeds;
+    ``jobs: all`` is then every encoder the study evaluates (each arm's three runs and the scratch
+    baseline), so that the runs the plan times together train together. Bad seeds are refused."""
+    import argparse
+
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.__main__ import seed_list
+    from pretrainlab.slot.run import compose_study, seeds_label, study_seeds
+
+    assert study_seeds([]) == [0] and study_seeds(["+ablation=electra_vs_mlm"]) == [0, 1, 2]
+    assert seed_list("0,1,2") == [0, 1, 2] and seeds_label([0, 1, 2]) == "s0-1-2" and seeds_label([3]) == "s3"
+    for bad in ("0,0", "-1", "a", "0,,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_list(bad)
+    with pytest.raises(ConfigError, match="seeds=\\[0, 0\\]: the slot's pretraining seeds are a list of distinct"):
+        study_seeds(["seeds=[0,0]"])
+    question = compose_study(Path("inputs"), None, Path("w"), ["+ablation=electra_vs_mlm"])
+    assert list(question.seeds) == [0, 1, 2] and question.jobs == 2 * 3 + 1
+    assert compose_study(Path("inputs"), [4], Path("w"), ["+ablation=electra_vs_mlm"]).jobs == 2 + 1
+    assert compose_study(Path("inputs"), [0], Path("w"), []).jobs == 9 + 1  # the nine objectives and scratch
 
 
 @pytest.mark.parametrize(
@@ -424,6 +455,7 @@ def test_a_work_folder_holding_another_seeds_slot_is_refused_and_left_as_it_was(
     [
         (["objectives=[robrta]"], "objectives: robrta is not an objective of conf/objective/ (albert, bert"),
         (["jobs=0"], "jobs=0: give the number of runs to train at once, 1 or more"),
+        (["jobs=1"], "jobs=1: the slot trains its 2 pretraining runs all at once (its plan assumes it); give jobs=2"),
         (["baseline=electra"], "baseline='electra' is not a row of this study: name one of roberta, bert, scratch"),
         (["lr=-1"], "pretraining run roberta-s0 of the study: optim.lr=-1: must be positive"),
         (["glue.tasks=[colaa]"], "unknown evaluation task 'colaa'"),

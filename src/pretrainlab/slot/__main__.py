@@ -47,6 +47,17 @@ def positive(what: str):
     return parse
 
 
+def seed_list(text: str) -> list[int]:
+    """An argparse ``type``: one pretraining seed (``0``) or several (``0,1,2``), distinct, 0 or more."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one seed (0) or several, comma-separated (0,1,2)") from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text}: pretraining seeds are distinct integers, 0 or more (0,1,2)")
+    return seeds
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pretrainlab.slot", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,8 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one slot: calibrate, plan, pretrain, evaluate, report, archive")
     run.add_argument("--inputs", type=Path, required=True, help="the archive `pack` wrote")
     run.add_argument("--out", type=Path, required=True, help="where the results archive goes")
-    run.add_argument("--seed", type=int, required=True, help="the pretraining seed of this slot")
-    run.add_argument("--work", type=Path, help="the slot's working directory (default runs/slots/s<seed>)")
+    run.add_argument(
+        "--seed",
+        type=seed_list,
+        help="the pretraining seed(s) of this slot: 0, or 0,1,2 for three in one start (default: the study's seeds)",
+    )
+    run.add_argument("--work", type=Path, help="the slot's working directory (default runs/slots/s<seeds>)")
     run.add_argument(
         "--minutes",
         type=positive("the whole command's time in minutes"),
@@ -166,7 +181,7 @@ def _command(args: argparse.Namespace) -> int:
             if not folder:
                 raise SystemExit(f"pack: --data-dir {given!r}: write BLOCK=DIR, e.g. glue=../shared/data/glue.")
             dirs[block] = Path(folder)
-        cfg = compose_study(Path("inputs"), 0, Path("runs/slots"), args.overrides)
+        cfg = compose_study(Path("inputs"), None, Path("runs/slots"), args.overrides)
         pack(cfg, args.out, corpus, dirs, args.max_mib)
     elif args.command == "wheels":
         download_wheels(args.out, args.also)
@@ -177,7 +192,7 @@ def _command(args: argparse.Namespace) -> int:
             SlotArgs(
                 inputs=args.inputs,
                 out=args.out,
-                seed=args.seed,
+                seeds=args.seed,
                 work=args.work,
                 minutes=args.minutes,
                 budget_flops=args.budget_flops,

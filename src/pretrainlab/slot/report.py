@@ -96,11 +96,14 @@ def slot_markdown(record: dict) -> str:
             "| run | TFLOP/s with all at once | TFLOP/s alone | planned end | exported at | done at | steps | tokens | FLOPs |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        names = sorted(set(runs) | {f"{k}-s{s}" for k in rates for s in record.get("seeds", [])})
+        seeds = record.get("seeds") or []
+        # the calibration's jobs: one per arm (roberta) for a slot of one seed, one per run (roberta-s1) for several
+        names = sorted(set(runs) | {k if len(seeds) > 1 else f"{k}-s{s}" for k in rates for s in seeds})
+        ends = plan.get("planned_end_s") or {}
         for name in names:
             objective = name.rsplit("-s", 1)[0]
-            r, rate = runs.get(name, {}), rates.get(objective, {})
-            planned = (plan.get("planned_end_s") or {}).get(objective)
+            r, rate = runs.get(name, {}), rates.get(name) or rates.get(objective, {})
+            planned = ends.get(name, ends.get(objective))
             then = f" (start {r['start']})" if r.get("start") else ""
             lines.append(
                 f"| {name} | {_tera(rate.get('together'))} | {_tera(rate.get('alone'))} | {_seconds(planned)} | "

@@ -76,7 +76,7 @@ HOW = (
 class SlotArgs:
     inputs: Path
     out: Path
-    seed: int
+    seeds: list[int] | None = None  # the pretraining seeds of this slot (None: the study's ``seeds``)
     work: Path | None = None
     minutes: float | None = None
     budget_flops: float | None = None
@@ -122,17 +122,48 @@ def time_limit(at: float, timeline: Timeline, minutes: float, kept_s: float) -> 
         yield
 
 
-def compose_study(inputs: Path, seed: int, work: Path, overrides: list[str]) -> DictConfig:
-    """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, one pretraining seed,
-    its directories under ``work``, its data from the unpacked ``inputs``."""
+def compose_study(inputs: Path, seeds: list[int] | None, work: Path, overrides: list[str]) -> DictConfig:
+    """The slot's study config: ``conf/ablate_slot.yaml`` with ``overrides``, its pretraining ``seeds``
+    (None: the study's own), its directories under ``work``, its data from the unpacked ``inputs``;
+    ``jobs: all`` made the number of encoders it evaluates (every run, and the scratch baseline), so
+    that every pretraining run trains at once, as the slot's plan assumes."""
 
     ablation.check_arm_names(overrides)
-    located = [f"seeds=[{seed}]", f"output_root={work}", f"corpus={inputs / 'corpus'}"]
+    located = [f"output_root={work}", f"corpus={inputs / 'corpus'}"]
+    if seeds is not None:
+        located.insert(0, f"seeds=[{','.join(map(str, seeds))}]")
     # every other folder of the inputs holds one block of evaluation data (inputs.pack): glue, ner, blimp, ...
     blocks = sorted(d.name for d in inputs.iterdir() if d.is_dir() and d.name != "corpus") if inputs.is_dir() else []
     located += [f'++data_dirs.{block}="{inputs / block}"' for block in blocks]
     cfg, _ = compose("ablate_slot", [*overrides, *located])
+    if cfg.get("jobs") == "all":
+        cfg.jobs = len(ablation.study_arms(cfg)) * len(cfg.seeds) + (1 if cfg.get("scratch") else 0)
     return cfg
+
+
+def study_seeds(overrides: list[str]) -> list[int]:
+    """The pretraining seeds of the slot's study as configured (``seeds`` in conf/ablate_slot.yaml, an
+    ablation preset or the command line), checked: distinct integers, 0 or more."""
+    cfg, _ = compose("ablate_slot", list(overrides))
+    seeds = cfg.get("seeds")
+    if OmegaConf.is_list(seeds):
+        seeds = list(seeds)
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise ConfigError(
+            f"seeds={seeds!r}: the slot's pretraining seeds are a list of distinct integers, 0 or more (seeds=[0,1,2] "
+            f"or --seed 0,1,2)."
+        )
+    return seeds
+
+
+def seeds_label(seeds: list[int]) -> str:
+    """How a slot's folders and archive name its pretraining seeds: s0, s0-1-2."""
+    return "s" + "-".join(map(str, seeds))
 
 
 def settings(cfg: DictConfig) -> dict:
@@ -177,25 +208,33 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     exchange.mkdir(parents=True)
     probe = cfg.copy()
     probe.budget_flops = 1.0  # replaced by a step count in each job: the budget is what calibration is for
-    objectives = list(ablation.study_arms(cfg))  # each arm's run is timed (an arm per objective, unless arms are given)
-    seed = int(cfg.seeds[0])
+    # every pretraining run is timed, all at once as the study will train them: one job per arm (an arm per
+    # objective, unless arms are given), named after it; with several seeds, one per arm and seed (roberta-s1)
+    arms, seeds = list(ablation.study_arms(cfg)), [int(s) for s in cfg.seeds]
+    first: dict[str, str] = {}  # job -> the job of its arm's first seed, which is timed alone for it
     work, names = [], {}
-    for objective in objectives:
-        train_cfg, _ = ablation.pretraining_config(probe, objective, seed)
-        name = f"calibrating {objective}"
-        names[name] = objective
-        kwargs = {
-            "job": objective,
-            "exchange": str(exchange),
-            "warmup_steps": int(c.warmup_steps),
-            "timeout_s": float(c.timeout_s),
-            "spawned_at": time.time(),
-            "run_dir": str(exchange / objective),
-        }
-        work.append(measure_work(name, train_cfg, kwargs, exchange / f"{objective}.log"))
-    windows = Windows(exchange, names, float(c.together_s), float(c.alone_s))
+    for seed in seeds:
+        for arm in arms:
+            job = arm if len(seeds) == 1 else f"{arm}-s{seed}"
+            first[job] = arm if len(seeds) == 1 else f"{arm}-s{seeds[0]}"
+            train_cfg, _ = ablation.pretraining_config(probe, arm, seed)
+            name = f"calibrating {job}"
+            names[name] = job
+            kwargs = {
+                "job": job,
+                "exchange": str(exchange),
+                "warmup_steps": int(c.warmup_steps),
+                "timeout_s": float(c.timeout_s),
+                "spawned_at": time.time(),
+                "run_dir": str(exchange / job),
+            }
+            work.append(measure_work(name, train_cfg, kwargs, exchange / f"{job}.log"))
+    windows = Windows(exchange, names, float(c.together_s), float(c.alone_s), alone=set(first.values()))
     run_parallel(work, len(work), " ".join(sys.argv), tick=windows)
-    measured = read_rates(exchange, objectives)
+    measured = read_rates(exchange, list(first))
+    for job, timed in first.items():  # the same run but for its seed: as fast alone as the one timed
+        if job != timed and "alone" in measured[timed]:
+            measured[job] = {**measured[job], "alone": measured[timed]["alone"], "alone_from": timed}
     rates = plan_rates(measured)
     timeline.mark("plan")
     reserve = cfg.slot.reserve_s
@@ -336,9 +375,9 @@ def finished(record: Path) -> bool:
         return False
 
 
-def check_work_seed(study: Path, seed: int) -> None:
-    """Refuse a slot's work folder that holds another pretraining seed's slot: its record would be
-    replaced and its runs would travel in this seed's archive (one seed per slot, one slot per --work)."""
+def check_work_seed(study: Path, seeds: list[int]) -> None:
+    """Refuse a slot's work folder that holds a slot of other pretraining seeds: its record would be
+    replaced and its runs would travel in this slot's archive (one slot per --work)."""
     others: set[int] = set()
     try:
         others |= {int(s) for s in json.loads((study / "report" / "slot.json").read_text()).get("seeds") or []}
@@ -348,19 +387,22 @@ def check_work_seed(study: Path, seed: int) -> None:
         tail = run.name.rsplit("-s", 1)[1]
         if tail.isdigit():
             others.add(int(tail))
-    others.discard(seed)
+    others -= set(seeds)
     if others:
+        asked = ", ".join(map(str, seeds))
         raise ConfigError(
             f"--work {study.parent} holds the slot of pretraining seed {', '.join(map(str, sorted(others)))} ({study}): "
-            f"a slot of seed {seed} there would replace its record and carry its runs in this seed's archive. Give "
-            f"each seed its own --work (the default is runs/slots/s<seed>)."
+            f"a slot of seed {asked} there would replace its record and carry its runs in this slot's archive. Give "
+            f"each slot its own --work (the default is runs/slots/s<seeds>)."
         )
 
 
 def run_slot(a: SlotArgs) -> Path:
     """Run the slot ``a`` describes; returns its results archive (written also when the slot fails)."""
 
-    work = (a.work or Path("runs") / "slots" / f"s{a.seed}").expanduser().resolve()
+    seeds = list(a.seeds) if a.seeds is not None else study_seeds(a.overrides)
+    label = seeds_label(seeds)
+    work = (a.work or Path("runs") / "slots" / label).expanduser().resolve()
     for option, folder in (("--out", a.out), ("--work", work)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -382,13 +424,13 @@ def run_slot(a: SlotArgs) -> Path:
             os.environ.get("PRETRAINLAB_COMMAND") or shlex.join(["python", "-m", "pretrainlab.slot", *sys.argv[1:]])
         ),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(a.started_at)),
-        "seeds": [a.seed],
+        "seeds": seeds,
         "installed": a.installed,
         "device": describe(),
         "code": code_version(),
     }
     study_dir = work / "slot"  # until the study's config names it
-    archive = a.out / f"slot-s{a.seed}.tar.gz"
+    archive = a.out / f"slot-{label}.tar.gz"
     stack = contextlib.ExitStack()  # the slot's time limit, once its length is known
     refused = True  # until the checks before any work have passed: a refusal writes no record and no archive
     earlier: list[dict] = []  # a slot continued: the records of its starts before this one
@@ -396,9 +438,9 @@ def run_slot(a: SlotArgs) -> Path:
         timeline.mark("unpack")
         inputs, manifest = unpack(a.inputs, work)
         record["inputs"] = {"digest": digest(manifest), "archive": str(a.inputs), "corpus": manifest.get("corpus")}
-        cfg = compose_study(inputs, a.seed, work, a.overrides)
-        study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-s{a.seed}.tar.gz"
-        check_work_seed(study_dir, a.seed)
+        cfg = compose_study(inputs, seeds, work, a.overrides)
+        study_dir, archive = work / cfg.study, a.out / f"{cfg.study}-{label}.tar.gz"
+        check_work_seed(study_dir, seeds)
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
         planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
@@ -417,6 +459,12 @@ def run_slot(a: SlotArgs) -> Path:
             (kept or {}).get("budget_flops") or a.budget_flops or planned_from or 1.0  # 1.0: replaced by the plan
         )
         ablation.check_study(checked)
+        runs = len(ablation.study_arms(cfg)) * len(seeds)
+        if int(cfg.jobs) < runs:
+            raise ConfigError(
+                f"jobs={cfg.jobs}: the slot trains its {runs} pretraining runs all at once (its plan assumes it); give "
+                f"jobs={runs} or more, or jobs=all (conf/ablate_slot.yaml)."
+            )
         refused = False
         earlier = earlier_starts(study_dir / "report")
         minutes = float(a.minutes if a.minutes is not None else cfg.slot.minutes)
@@ -425,7 +473,7 @@ def run_slot(a: SlotArgs) -> Path:
         kept_s = float(cfg.slot.reserve_s.report)
         stack.enter_context(time_limit(deadline - kept_s, timeline, minutes, kept_s))
         # every process of the slot (calibration, pretraining, evaluation) a client of one MPS daemon
-        first_run, _ = ablation.pretraining_config(checked, next(iter(ablation.study_arms(cfg))), a.seed)
+        first_run, _ = ablation.pretraining_config(checked, next(iter(ablation.study_arms(cfg))), seeds[0])
         daemon = stack.enter_context(
             mps.shared(cfg.get("mps", "auto"), int(cfg.get("jobs", 1)), uses_cuda(first_run), study_dir / "logs")
         )

@@ -97,10 +97,10 @@ class Counting(Callback):
                 return
             self.windows = json.loads(path.read_text())
         assert self.windows is not None
-        for window, (start, end) in (
-            ("together", self.windows["together"]),
-            ("alone", self.windows["alone"][self.job]),
-        ):
+        mine = [("together", self.windows["together"])]
+        if self.job in self.windows["alone"]:
+            mine.append(("alone", self.windows["alone"][self.job]))
+        for window, (start, end) in mine:
             edges = self.marks.get(window, {})
             if "start" not in edges:
                 if window == "alone" and now < start:  # wait, idle, for this job's turn
@@ -115,6 +115,10 @@ class Counting(Callback):
                     self._mark(window, "end", pl_module, trainer)
                     continue
                 return
+        if self.job not in self.windows["alone"]:  # not timed alone: idle until the others' turns are over
+            _sync()
+            last = max((end for _, end in self.windows["alone"].values()), default=0.0)
+            time.sleep(max(0.0, last - time.time()))
         trainer.should_stop = True
 
     def setup_s(self, now: float | None = None) -> float:
@@ -188,10 +192,20 @@ def measure(
 class Windows:
     """The coordinator's side (a ``studies.parallel.run_parallel`` tick): once every job in progress
     is warm, writes the windows: ``together_s`` seconds all at once, starting ``lead_s`` from now, then
-    ``alone_s`` seconds each, one after another, ``gap_s`` apart."""
+    ``alone_s`` seconds each, one after another, ``gap_s`` apart: every job's, or those of ``alone``
+    only (the others idle through them: a run of another seed trains as fast alone as its first seed's)."""
 
-    def __init__(self, exchange: Path, jobs: dict[str, str], together_s: float, alone_s: float, gap_s: float = 1.0):
+    def __init__(
+        self,
+        exchange: Path,
+        jobs: dict[str, str],
+        together_s: float,
+        alone_s: float,
+        gap_s: float = 1.0,
+        alone: set[str] | None = None,
+    ):
         self.exchange, self.jobs = exchange, jobs  # work name -> job name
+        self.alone = alone
         self.together_s, self.alone_s, self.gap_s = together_s, alone_s, gap_s
         self.written: dict | None = None
 
@@ -205,14 +219,17 @@ class Windows:
         windows: dict[str, Any] = {"together": [t, t + self.together_s], "alone": {}}
         t += self.together_s + self.gap_s
         for job in sorted(jobs):  # the jobs in progress (one that failed to start is named by run_parallel)
+            if self.alone is not None and job not in self.alone:
+                continue
             windows["alone"][job] = [t, t + self.alone_s]
             t += self.alone_s + self.gap_s
         atomic.write_json(self.exchange / WINDOWS, windows)
         self.written = windows
         log.info(
-            "calibration: %d jobs warm; timing them together for %.0f s, then each alone for %.0f s",
+            "calibration: %d jobs warm; timing them together for %.0f s, then %d of them alone for %.0f s each",
             len(jobs),
             self.together_s,
+            len(windows["alone"]),
             self.alone_s,
         )
 

@@ -248,9 +248,9 @@ def _format(value, fmt: str, where: str) -> str:
 
 
 def docs_files(root: Path) -> list[Path]:
-    """The Markdown files that may hold generated blocks: README.md and docs/, the index of the reports
-    (``docs/results/index.md``) included, the reports' own files not."""
-    files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    """The Markdown files that may hold generated blocks: README.md, CONTRIBUTING.md and docs/, the index
+    of the reports (``docs/results/index.md``) included, the reports' own files not."""
+    files = [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").rglob("*.md"))]
     return [f for f in files if f.is_file() and root / RESULTS not in f.parents[1:]]
 
 
