@@ -250,6 +250,17 @@ def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregat
     assert cell["score"][1] == pytest.approx(2.0)  # within an encoder, over fine-tuning seeds
     assert cell["pretrain_sd"]["score"] == pytest.approx(np.std([52.0, 62.0], ddof=1))
 
+    # one fine-tuning seed per encoder: no spread within an encoder (it once read "± 0.0"), the sd over
+    # pretraining seeds and the interval over them
+    from pretrainlab.compare.tables import to_markdown
+
+    one_each = [_result("bert", "tiny", p, f"b{p}", "rte", 0, v) for p, v in [(0, 0.50), (1, 0.60), (2, 0.55)]]
+    md = to_markdown(aggregate(one_each))
+    (row,) = [line for line in md.splitlines() if line.startswith("| bert |")]
+    assert "±" not in row and row.split("|")[2].strip().startswith(f"55.0 [{np.std([50, 60, 55], ddof=1):.1f}] (")
+    assert "3 pretraining seed(s) per row, one fine-tuning seed each" in md and "pooled within" not in md
+    assert "±" in to_markdown(aggregate(seeds))  # several fine-tuning seeds: the spread within an encoder
+
     clash = [_result("roberta", "tiny", 0, "t1", "rte", 0, 0.9)]  # another encoder, same name and seed
     with pytest.raises(CompareError, match="two different encoders are both 'roberta', pretraining seed 0"):
         aggregate(tiny + clash)

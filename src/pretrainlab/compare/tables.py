@@ -35,10 +35,13 @@ def _cell(
     expected: int,
     items: bool = False,
     bounds: tuple[float, float] | None = None,
+    within: bool = True,
 ) -> str:
     """mean ± sd [sd over pretraining seeds] (interval), and the number of runs when it is fewer than
-    the row should have (``expected``); a single run is shown as what it is, without a spread. A
-    zero-shot cell (``items``): the mean [sd over pretraining seeds] (interval over items)."""
+    the row should have (``expected``); a single run is shown as what it is, without a spread. With
+    one fine-tuning seed per encoder (not ``within``) there is no spread within an encoder to show:
+    mean [sd over pretraining seeds] (interval). A zero-shot cell (``items``): the mean [sd over
+    pretraining seeds] (interval over items)."""
     if items:
         return (
             f"{ms[0]:.1f}"
@@ -49,7 +52,7 @@ def _cell(
         return f"{ms[0]:.1f} (mean of task means)"
     if n == 1:
         return f"{ms[0]:.1f} (n=1)"
-    text = f"{ms[0]:.1f} ± {ms[1]:.1f}"
+    text = f"{ms[0]:.1f} ± {ms[1]:.1f}" if within or pretrain_sd is None else f"{ms[0]:.1f}"
     if pretrain_sd is not None:
         text += f" [{pretrain_sd:.1f}]"
     return text + _interval(summary["ci"] if summary else None, bounds) + (f" (n={n})" if n < expected else "")
@@ -89,7 +92,15 @@ def to_markdown(table: dict) -> str:
                 g = table["glue"].get(label)
                 n = (g.get("summary") or {}).get("n") if g else None
                 row.append(
-                    _cell(g.get("summary"), g["score"], g["pretrain_sd"], n, per_encoder * encoders, bounds=bounds)
+                    _cell(
+                        g.get("summary"),
+                        g["score"],
+                        g["pretrain_sd"],
+                        n,
+                        per_encoder * encoders,
+                        bounds=bounds,
+                        within=per_encoder > 1,
+                    )
                     if g
                     else "–"
                 )
@@ -106,7 +117,15 @@ def to_markdown(table: dict) -> str:
                 continue
             expected = per_encoder * encoders
             row.append(
-                _cell(c.get("summary"), c["score"], c["pretrain_sd"]["score"], len(c["seeds"]), expected, bounds=bounds)
+                _cell(
+                    c.get("summary"),
+                    c["score"],
+                    c["pretrain_sd"]["score"],
+                    len(c["seeds"]),
+                    expected,
+                    bounds=bounds,
+                    within=per_encoder > 1,
+                )
                 if c
                 else "–"
             )
@@ -118,10 +137,15 @@ def to_markdown(table: dict) -> str:
     pct = f"{100 * interval['level']:g}%"
     how = {"t": "two-level t interval", "bootstrap": "hierarchical bootstrap"}[interval["method"]]
     pretrain = ""
-    if any(n > 1 for n in per_row):
+    if any(n > 1 for n in per_row) and per_encoder > 1:
         pretrain = (
             f", over {'/'.join(map(str, per_row))} pretraining seed(s) per row: the mean of the encoders' "
             f"means ± the sd over fine-tuning seeds pooled within encoders [the sd over pretraining seeds]"
+        )
+    elif any(n > 1 for n in per_row):  # one fine-tuning seed per encoder: no spread within one to show
+        pretrain = (
+            f", over {'/'.join(map(str, per_row))} pretraining seed(s) per row, one fine-tuning seed each: the mean "
+            f"of the encoders' scores [the sd over pretraining seeds]"
         )
     single = any(n == 1 for n in per_row)
     lines.append("")
