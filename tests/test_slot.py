@@ -337,7 +337,12 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     learning = json.loads((merged / "report" / "learning.json").read_text())
     assert sorted(learning) == sorted([*runs, "roberta-s2", "bert-nsp0-s2"])
     slots = (merged / "report" / "slots.md").read_text()
-    assert "slot-s0-1.tar.gz | 0, 1 |" in slots and "slot-s2.tar.gz | 2 |" in slots
+    assert (
+        "[slot-s0-1.tar.gz](slot-slot-s0-1.md) | 0, 1 |" in slots and "[slot-s2.tar.gz](slot-slot-s2.md) | 2 |" in slots
+    )
+    own = (merged / "report" / "slot-slot-s0-1.md").read_text()  # each slot's record travels with the report
+    assert own.startswith("# Slot: study slot, pretraining seed 0, 1") and "## The jobs at once" in own
+    assert json.loads((merged / "report" / "slot-slot-s2.json").read_text())["seeds"] == [2]
 
     with pytest.raises(MergeError, match="slot-s0-1.tar.gz is given twice: name each slot's archive once"):
         merge([a, a], tmp_path / "twice")

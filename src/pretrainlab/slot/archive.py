@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.slot.inputs import safe_extract
-from pretrainlab.slot.report import recost
+from pretrainlab.slot.report import recost, slot_markdown
 from pretrainlab.studies.ablation import report_study, study_tasks
 from pretrainlab.studies.cost import EXPORT_RECORD
 from pretrainlab.studies.intrinsic import learning_curves, learning_report
@@ -219,6 +219,10 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     tasks = study_tasks(cfg)
     table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
     recost(report, records, f"over the {len(records)} slots")
+    for path, record in zip(paths, records):  # each slot's own record, as its slot.md says it
+        stem = f"slot-{path.name.removesuffix('.tar.gz')}"
+        atomic.write_json(report / f"{stem}.json", record)
+        atomic.write_text(report / f"{stem}.md", slot_markdown(record) + "\n")
     atomic.write_json(report / "slots.json", {"archives": [str(p) for p in paths], "slots": records})
     atomic.write_text(report / "slots.md", slots_markdown(paths, records) + "\n")
     log.info("merged %d slots (pretraining seeds %s) -> %s", len(paths), seeds, report)
@@ -226,7 +230,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
 
 
 def slots_markdown(paths: list[Path], records: list[dict]) -> str:
-    """One line per slot: its seed, device, length, budget and phases."""
+    """One line per slot: its seed, device, length, budget and phases (its own record: ``slot-<archive>.md``)."""
     lines = [
         "# The slots of this report",
         "",
@@ -241,7 +245,7 @@ def slots_markdown(paths: list[Path], records: list[dict]) -> str:
             return f"{p['seconds']:.0f} s" if p else "–"
 
         lines.append(
-            f"| {path.name} | {', '.join(map(str, r.get('seeds', [])))} | {(r.get('device') or {}).get('device', '?')} | "
+            f"| [{path.name}](slot-{path.name.removesuffix('.tar.gz')}.md) | {', '.join(map(str, r.get('seeds', [])))} | {(r.get('device') or {}).get('device', '?')} | "
             f"{r.get('wall_s', 0):.0f} s | {(r.get('plan') or {}).get('budget_flops', 0):.2g} FLOPs | "
             f"{length('calibration')} | {length('pretraining')} | {length('evaluation')} |"
         )
