@@ -109,6 +109,18 @@ def test_a_marker_that_cannot_be_generated_is_named(tmp_path, marker, message):
     assert str(e.value).startswith("docs/page.md: ") or "is missing" in str(e.value)
 
 
+def test_a_marker_written_as_code_is_how_to_write_one_not_a_marker(tmp_path):
+    """CONTRIBUTING.md says how to write a block; shown as code, the marker is left as it is."""
+    _report(tmp_path)
+    shown = "Write `<!-- report: ... -->` blocks:\n\n```\n<!-- value: r cost.json x d -->\n```\n"
+    (tmp_path / "CONTRIBUTING.md").write_text(shown)
+    docs.build(tmp_path)
+    assert (tmp_path / "CONTRIBUTING.md").read_text() == shown and docs.check(tmp_path) == []
+    (tmp_path / "CONTRIBUTING.md").write_text(shown + "<!-- report: r source -->\nno end\n")
+    with pytest.raises(docs.DocsError, match="CONTRIBUTING.md: 1 marker"):  # one outside code still counts
+        docs.build(tmp_path)
+
+
 def test_publish_copies_a_report_with_its_provenance_and_keeps_one_already_there(tmp_path):
     study = tmp_path / "study" / "report"
     study.mkdir(parents=True)

@@ -340,6 +340,8 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     assert (
         "[slot-s0-1.tar.gz](slot-slot-s0-1.md) | 0, 1 |" in slots and "[slot-s2.tar.gz](slot-slot-s2.md) | 2 |" in slots
     )
+    provenance = json.loads((merged / "report" / "provenance.json").read_text())
+    assert len(provenance["slots"]) == 2 and "(the slots; merged on " in provenance["device"]
     own = (merged / "report" / "slot-slot-s0-1.md").read_text()  # each slot's record travels with the report
     assert own.startswith("# Slot: study slot, pretraining seed 0, 1") and "## The jobs at once" in own
     assert json.loads((merged / "report" / "slot-slot-s2.json").read_text())["seeds"] == [2]

@@ -219,6 +219,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     tasks = study_tasks(cfg)
     table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
     recost(report, records, f"over the {len(records)} slots")
+    measured_on(report / "provenance.json", [out / "slots" / p.name.removesuffix(".tar.gz") for p in paths])
     for path, record in zip(paths, records):  # each slot's own record, as its slot.md says it
         stem = f"slot-{path.name.removesuffix('.tar.gz')}"
         atomic.write_json(report / f"{stem}.json", record)
@@ -227,6 +228,26 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     atomic.write_text(report / "slots.md", slots_markdown(paths, records) + "\n")
     log.info("merged %d slots (pretraining seeds %s) -> %s", len(paths), seeds, report)
     return table
+
+
+def measured_on(provenance: Path, slots: list[Path]) -> None:
+    """The merged report's provenance says where its numbers were measured: each slot's command, commit,
+    date and device (``slots``), and as its ``device`` the slots' devices, merged on this machine."""
+    record = json.loads(provenance.read_text())
+    made = []
+    for slot in slots:
+        try:
+            own = json.loads((slot / "report" / "provenance.json").read_text())
+        except (OSError, ValueError):
+            continue
+        made.append({k: own.get(k) for k in ("command", "commit", "dirty", "date", "device")})
+    devices = list(dict.fromkeys(str(m["device"]) for m in made if m.get("device")))
+    if devices:
+        record["device"] = (
+            f"{'; '.join(devices)} (the {'slot' if len(slots) == 1 else 'slots'}; merged on {record['device']})"
+        )
+    record["slots"] = made
+    atomic.write_json(provenance, record)
 
 
 def slots_markdown(paths: list[Path], records: list[dict]) -> str:

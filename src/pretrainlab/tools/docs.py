@@ -60,6 +60,7 @@ VALUE = re.compile(
 )
 PROVENANCE = ("command", "date", "device")  # what a report's source line cites (and its commit, when it had one)
 ANY_MARK = re.compile(r"<!-- (report|value): [^>]*-->")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)  # fenced blocks and inline code spans of Markdown
 
 
 class DocsError(ValueError):
@@ -280,7 +281,8 @@ def generate(text: str, doc: Path, root: Path) -> str:
         return f"{m.group(1)}{_format(_lookup(data, m['key'], where), m['fmt'], where)}{m['end']}"
 
     out = VALUE.sub(value, BLOCK.sub(block, text))
-    marks, closed = len(ANY_MARK.findall(text)), len(BLOCK.findall(text)) + len(VALUE.findall(text))
+    prose = CODE.sub("", text)  # a marker shown as code (how to write one) is not a marker
+    marks, closed = len(ANY_MARK.findall(prose)), len(BLOCK.findall(prose)) + len(VALUE.findall(prose))
     if marks != closed:
         raise DocsError(
             f"{doc.relative_to(root)}: {marks - closed} marker(s) without their closing <!-- /report --> or "
