@@ -243,6 +243,16 @@ def test_the_comparison_opens_with_the_runs_at_their_baseline_and_w_and_b_gets_t
     )
     assert "bert-s0" not in preface
     assert "**at baseline**" in learning_markdown(rows) and learning_preface({"bert-s0": rows["bert-s0"]}) == ""
+    # a head learning but not yet past its baseline (ELECTRA's discriminator at AUC 0.72): said before the table too
+    electra = {
+        "objective": "electra",
+        "metrics": {},
+        "checks": [check("replaced-token detection", learning.ABOVE, 0.72)],
+    }
+    said = learning_preface({**rows, "electra-s0": electra})
+    assert said.startswith("**Not yet learned: 1 of 3") and "**Still learning: 1 of 3 pretraining runs" in said
+    assert "- electra-s0: replaced-token detection 0.720" in said.split("**Still learning")[1]
+    assert learning_preface({"electra-s0": electra}).startswith("**Still learning: 1 of 1")
     run_dir = log_comparison(table, tmp_path, mode="offline", group="learning-test")
     offline = Path(run_dir).parent  # <dir>/wandb/offline-run-*/files
     inspected = subprocess.run(

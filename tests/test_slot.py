@@ -285,7 +285,7 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     _, inputs = packed
     out = tmp_path / "out"
     # five encoders to evaluate (two arms x two seeds, and scratch) on two cores: more time kept for them
-    longer = ["--minutes", "2.8", "slot.reserve_s.evaluation=75"]
+    longer = ["--minutes", "3.3", "slot.reserve_s.evaluation=75"]
     first = _slot(inputs, out, "0,1", "s0", *longer, *ARMS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     a = out / "slot-s0-1.tar.gz"

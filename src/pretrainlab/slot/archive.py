@@ -218,7 +218,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     learning_curves(runs, report)
     tasks = study_tasks(cfg)
     table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
-    recost(report, records, f"over the {len(records)} slots")
+    recost(report, records, "in its slot" if len(records) == 1 else f"over the {len(records)} slots")
     measured_on(report / "provenance.json", [out / "slots" / p.name.removesuffix(".tar.gz") for p in paths])
     for path, record in zip(paths, records):  # each slot's own record, as its slot.md says it
         stem = f"slot-{path.name.removesuffix('.tar.gz')}"

@@ -30,7 +30,7 @@ from pretrainlab.data.datamodule import PretrainDataModule
 from pretrainlab.data.sentence_pairs import SentencePairs
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.objectives import learning
-from pretrainlab.objectives.learning import AT, PAST, HeadCheck
+from pretrainlab.objectives.learning import ABOVE, AT, PAST, HeadCheck
 from pretrainlab.pretraining.assembly import build_model
 from pretrainlab.pretraining.learning_log import FILE, heads, read_rows
 from pretrainlab.pretraining.run import build_data
@@ -270,21 +270,40 @@ def _plot_learning(curves: dict, path: Path) -> Path:
     return figures.save(fig, path)
 
 
+def still_learning(rows: dict[str, dict]) -> dict[str, list[HeadCheck]]:
+    """The runs with a head above its trivial baseline but not past it (learning, not yet clearly), and
+    those heads."""
+    flagged = {name: [HeadCheck(**c) for c in row["checks"] if c["status"] == ABOVE] for name, row in rows.items()}
+    return {name: checks for name, checks in flagged.items() if checks}
+
+
 def learning_preface(rows: dict[str, dict]) -> str:
-    """The warning that heads a study's comparison when any run is still at its trivial baseline ('' if none)."""
-    flagged = at_baseline(rows)
-    if not flagged:
-        return ""
-    lines = [
-        f"**Not yet learned: {len(flagged)} of {len(rows)} pretraining runs have a head still at its trivial "
-        "baseline on held-out text.** What the table below says of them measures token frequencies at most, "
-        "not their objectives (learning.md):",
-        "",
-    ]
-    for name, checks in sorted(flagged.items()):
-        metrics = rows[name].get("metrics") or {}
-        states = f"; {learning.states_line(metrics)}" if learning.collapsed(metrics) else ""
-        lines.append(f"- {name}: " + "; ".join(c.line() for c in checks) + states)
+    """The warning that heads a study's comparison when any run is still at its trivial baseline, or has a
+    head that is learning but not yet past it ('' if every head is past its baseline)."""
+    flagged, learning_still = at_baseline(rows), still_learning(rows)
+    lines: list[str] = []
+    if flagged:
+        lines += [
+            f"**Not yet learned: {len(flagged)} of {len(rows)} pretraining runs have a head still at its trivial "
+            "baseline on held-out text.** What the table below says of them measures token frequencies at most, "
+            "not their objectives (learning.md):",
+            "",
+        ]
+        for name, checks in sorted(flagged.items()):
+            metrics = rows[name].get("metrics") or {}
+            states = f"; {learning.states_line(metrics)}" if learning.collapsed(metrics) else ""
+            lines.append(f"- {name}: " + "; ".join(c.line() for c in checks) + states)
+    if learning_still:
+        lines += [
+            *([""] if lines else []),
+            f"**Still learning: {len(learning_still)} of {len(rows)} pretraining runs have a head above its trivial "
+            "baseline but not yet past it.** The table below compares encoders that have not all learned their "
+            "objectives: it says where each has got to at this budget, not which objective is better (learning.md):",
+            "",
+        ]
+        lines += [
+            f"- {name}: " + "; ".join(c.line() for c in checks) for name, checks in sorted(learning_still.items())
+        ]
     return "\n".join(lines)
 
 
