@@ -462,6 +462,11 @@ def test_a_slots_seeds_come_from_its_study_or_the_command_line_and_every_run_tra
     [
         (["objectives=[robrta]"], "objectives: robrta is not an objective of conf/objective/ (albert, bert"),
         (["jobs=0"], "jobs=0: give the number of runs to train at once, 1 or more"),
+        (
+            ["+ablation=electra_vs_mlmx"],
+            "+ablation=electra_vs_mlmx: there is no conf/ablation/electra_vs_mlmx.yaml; the options of ablation are "
+            "electra_vs_mlm, generator_size",
+        ),
         (["jobs=1"], "jobs=1: the slot trains its 2 pretraining runs all at once (its plan assumes it); give jobs=2"),
         (["baseline=electra"], "baseline='electra' is not a row of this study: name one of roberta, bert, scratch"),
         (["lr=-1"], "pretraining run roberta-s0 of the study: optim.lr=-1: must be positive"),

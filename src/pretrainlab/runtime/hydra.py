@@ -29,13 +29,27 @@ def command_overrides() -> list[str]:
 
 
 def compose(name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
-    """A config composed as the command line would compose it, and its group choices."""
+    """A config composed as the command line would compose it, and its group choices. An option of a
+    config group that does not exist (``+ablation=electra_vs_mlmx``) is refused naming the options."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import MissingConfigException
+
+    from pretrainlab.config import ConfigError
 
     def _compose():
-        cfg = hydra_compose(name, overrides=list(overrides), return_hydra_config=True)
+        try:
+            cfg = hydra_compose(name, overrides=list(overrides), return_hydra_config=True)
+        except MissingConfigException:
+            for override in overrides:
+                group, _, option = override.lstrip("+~").partition("=")
+                if option and (CONF / group).is_dir() and not (CONF / group / f"{option}.yaml").is_file():
+                    raise ConfigError(
+                        f"{override}: there is no conf/{group}/{option}.yaml; the options of {group} are "
+                        f"{', '.join(options(group))}."
+                    ) from None
+            raise
         picked = {
             k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None
         }
