@@ -83,6 +83,38 @@ def test_throughput_at_once_is_compared_with_the_same_jobs_one_after_another():
     assert speed["speedup"] == pytest.approx(20.0 / (80.0 / 3))
 
 
+def test_a_slot_of_several_seeds_times_every_run_at_once_and_each_arm_alone_once(tmp_path):
+    """With several pretraining seeds, calibration has a job per run (roberta-s1), times them all at once,
+    and alone only each arm's first seed: the windows skip the others, which take its time alone."""
+    from pretrainlab.slot.run import alone_as_first, calibration_jobs
+    from pretrainlab.studies.throughput import Windows
+
+    assert calibration_jobs(["mlm", "electra"], [0]) == {"mlm": "mlm", "electra": "electra"}
+    first = calibration_jobs(["mlm", "electra"], [0, 1, 2])
+    assert list(first)[:3] == ["mlm-s0", "electra-s0", "mlm-s1"] and first["electra-s2"] == "electra-s0"
+    names = {f"calibrating {job}": job for job in first}
+    for job in first:
+        (tmp_path / f"ready-{job}.json").write_text("{}")
+    windows = Windows(tmp_path, names, together_s=5.0, alone_s=2.0, alone=set(first.values()))
+    windows(list(names))
+    written = json.loads((tmp_path / "windows.json").read_text())
+    assert sorted(written["alone"]) == ["electra-s0", "mlm-s0"]  # two turns alone, not six
+    window = {"seconds": 10.0, "tokens": 50.0, "flops": 100.0}
+    measured = {job: {"flops_per_token": 2.0, "together": window} for job in first}
+    measured["mlm-s0"]["alone"] = {"seconds": 1.0, "tokens": 10.0, "flops": 20.0}
+    measured["electra-s0"]["alone"] = {"seconds": 1.0, "tokens": 5.0, "flops": 10.0}
+    timed = alone_as_first(measured, first)
+    assert timed["mlm-s2"]["alone"] == measured["mlm-s0"]["alone"] and timed["mlm-s2"]["alone_from"] == "mlm-s0"
+    assert "alone_from" not in timed["mlm-s0"] and "alone" not in measured["mlm-s2"]  # the measurement kept
+    assert throughput(timed)["jobs"] == 6 and "one_after_another" in throughput(timed)
+    from pretrainlab.slot.report import slot_markdown
+
+    rates = {job: {"together": 2e12, "alone": 3e12 if job.startswith("mlm") else 4e12} for job in first}
+    md = slot_markdown({"seeds": [0, 1, 2], "plan": {"budget_flops": 1e15, "rates": rates}})
+    assert "| mlm-s1 | 2.00 | 3.00 |" in md and "| electra-s2 | 2.00 | 4.00 |" in md  # a row per run, once
+    assert md.count("| mlm-s1 |") == 1 and "mlm-s1-s" not in md
+
+
 # --- the inputs ---------------------------------------------------------------------------------------------
 def shared_layout(root: Path) -> Path:
     """Generated data in the layout of ../shared/data: corpus/<name>/*.txt, glue/, blimp/, conll2003/."""
@@ -274,33 +306,27 @@ def _retar(archive: Path, out: Path, edit) -> Path:
 
 @pytest.mark.slow
 def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed, tmp_path):
-    """Scaled down (tiny encoders, generated data, a slot of a few minutes on a CPU), a study of two arms:
-    the first slot trains two pretraining seeds in one start, calibrating every run at once and planning
-    one budget for all; the second (a third seed) takes it from the first one's archive; each brings
-    back one archive without weights; merged, they make one report over three pretraining seeds, its
-    rows the arms; slots of other arms are refused as other settings."""
+    """Scaled down (tiny encoders, generated data, a two-minute slot on a CPU), a study of two arms: the
+    first slot calibrates and plans its budget by arm, the second takes it from the first one's archive
+    and trains two pretraining seeds at once in its one start; each brings back one archive without
+    weights; merged, they make one report over three pretraining seeds, its rows the arms; slots of
+    other arms are refused as other settings. (A whole slot end to end, twice, on two cores: its time is
+    the slot's minutes, which its calibration, pretraining and evaluation need.)"""
     from pretrainlab.slot.archive import MergeError, merge
     from pretrainlab.slot.inputs import unpack
 
     _, inputs = packed
     out = tmp_path / "out"
-    # five encoders to evaluate (two arms x two seeds, and scratch) on two cores: more time kept for them
-    longer = ["--minutes", "3.3", "slot.reserve_s.evaluation=75"]
-    first = _slot(inputs, out, "0,1", "s0", *longer, *ARMS, cwd=tmp_path)
+    first = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    a = out / "slot-s0-1.tar.gz"
+    a = out / "slot-s0.tar.gz"
     record = _record(a)
     plan = record["plan"]
-    assert record["seeds"] == [0, 1] and plan["source"] == "calibrated" and plan["budget_flops"] > 0
-    runs = ["roberta-s0", "bert-nsp0-s0", "roberta-s1", "bert-nsp0-s1"]
-    assert set(plan["rates"]) == set(runs) and all(r["alone"] > 0 for r in plan["rates"].values())
-    # every run timed at once; alone, each arm's first seed only (the other seed's run is the same run)
-    assert plan["measured"]["roberta-s1"]["alone_from"] == "roberta-s0"
-    assert plan["rates"]["roberta-s1"]["alone"] == plan["rates"]["roberta-s0"]["alone"]
-    assert plan["throughput"]["jobs"] == 4 and plan["throughput"]["speedup"] > 0
-    assert set(plan["planned_end_s"]) == set(runs)
+    assert plan["source"] == "calibrated" and plan["budget_flops"] > 0
+    assert set(plan["rates"]) == {"roberta", "bert-nsp0"} and all(r["alone"] > 0 for r in plan["rates"].values())
+    assert plan["throughput"]["jobs"] == 2 and plan["throughput"]["speedup"] > 0
     assert {"setup", "unpack", "calibration", "plan", "pretraining", "evaluation", "report"} <= set(record["phases"])
-    for run in runs:  # trained to the budget it planned
+    for run in ("roberta-s0", "bert-nsp0-s0"):  # trained to the budget it planned
         assert record["runs"][run]["flops"] >= plan["budget_flops"]
     with tarfile.open(a) as tar:
         names = tar.getnames()
@@ -314,19 +340,22 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
 
-    again = _slot(inputs, out, "0,1", "s0b", *ARMS, cwd=tmp_path)
+    again = _slot(inputs, out, 0, "s0b", *ARMS, cwd=tmp_path)
     assert again.returncode != 0 and "exists: give another --out" in again.stderr
     # the finished slot's own command again: refused before anything is written, its record kept
     kept = {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in ("slot.json", "slot.md")}
-    same = _slot(inputs, out, "0,1", "s0", *longer, *ARMS, cwd=tmp_path)
+    same = _slot(inputs, out, 0, "s0", "--minutes", "2", *ARMS, cwd=tmp_path)
     assert same.returncode != 0 and "exists: give another --out" in same.stderr
     assert {f: (tmp_path / "s0" / "slot" / "report" / f).read_bytes() for f in kept} == kept
     assert not list(out.glob("*failed*")) and not (tmp_path / "s0b" / "slot" / "report").exists()
 
-    second = _slot(inputs, out, 2, "s2", "--plan-from", str(a), *ARMS, cwd=tmp_path)
+    second = _slot(inputs, out, "1,2", "s12", "--plan-from", str(a), *ARMS, cwd=tmp_path)  # two seeds at once
     assert second.returncode == 0, second.stderr[-3000:]
-    b = out / "slot-s2.tar.gz"
+    b = out / "slot-s1-2.tar.gz"
     assert _record(b)["plan"]["budget_flops"] == plan["budget_flops"] and "calibration" not in _record(b)["phases"]
+    assert _record(b)["seeds"] == [1, 2]
+    runs = [f"{arm}-s{seed}" for arm in ("roberta", "bert-nsp0") for seed in (1, 2)]
+    assert all(_record(b)["runs"][run]["flops"] >= plan["budget_flops"] for run in runs)
 
     merged = tmp_path / "merged"
     table = merge([a, b], merged)
@@ -335,20 +364,20 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     roberta = comparison["glue"]["roberta"]["summary"]
     assert roberta["encoders"] == 3 and not roberta["conditional"]  # an interval over three pretraining seeds
     learning = json.loads((merged / "report" / "learning.json").read_text())
-    assert sorted(learning) == sorted([*runs, "roberta-s2", "bert-nsp0-s2"])
+    assert sorted(learning) == sorted([*runs, "roberta-s0", "bert-nsp0-s0"])
     slots = (merged / "report" / "slots.md").read_text()
     assert (
-        "[slot-s0-1.tar.gz](slot-slot-s0-1.md) | 0, 1 |" in slots and "[slot-s2.tar.gz](slot-slot-s2.md) | 2 |" in slots
+        "[slot-s0.tar.gz](slot-slot-s0.md) | 0 |" in slots and "[slot-s1-2.tar.gz](slot-slot-s1-2.md) | 1, 2 |" in slots
     )
     provenance = json.loads((merged / "report" / "provenance.json").read_text())
     assert len(provenance["slots"]) == 2 and "(the slots; merged on " in provenance["device"]
-    own = (merged / "report" / "slot-slot-s0-1.md").read_text()  # each slot's record travels with the report
-    assert own.startswith("# Slot: study slot, pretraining seed 0, 1") and "## The jobs at once" in own
-    assert json.loads((merged / "report" / "slot-slot-s2.json").read_text())["seeds"] == [2]
+    own = (merged / "report" / "slot-slot-s0.md").read_text()  # each slot's record travels with the report
+    assert own.startswith("# Slot: study slot, pretraining seed 0") and "## The jobs at once" in own
+    assert json.loads((merged / "report" / "slot-slot-s1-2.json").read_text())["seeds"] == [1, 2]
 
-    with pytest.raises(MergeError, match="slot-s0-1.tar.gz is given twice: name each slot's archive once"):
+    with pytest.raises(MergeError, match="slot-s0.tar.gz is given twice: name each slot's archive once"):
         merge([a, a], tmp_path / "twice")
-    copy = shutil.copy(a, tmp_path / "copy-of-s0-1.tar.gz")
+    copy = shutil.copy(a, tmp_path / "copy-of-s0.tar.gz")
     with pytest.raises(MergeError, match="each slot must pretrain another seed"):
         merge([a, copy], tmp_path / "twice")
     assert not (tmp_path / "twice").exists()  # refused before writing: the corrected merge is not "not empty"

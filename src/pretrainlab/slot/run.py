@@ -199,6 +199,25 @@ def _budget_of(archive: Path) -> float:
     return value
 
 
+def calibration_jobs(arms: list[str], seeds: list[int]) -> dict[str, str]:
+    """The calibration's jobs, one per pretraining run in the order the study starts them (seed by seed),
+    each mapped to the job of its arm's first seed, the one timed alone for it. One seed: a job per arm,
+    named after it (roberta); several: a job per run (roberta-s1)."""
+    if len(seeds) == 1:
+        return {arm: arm for arm in arms}
+    return {f"{arm}-s{seed}": f"{arm}-s{seeds[0]}" for seed in seeds for arm in arms}
+
+
+def alone_as_first(measured: dict[str, dict], first: dict[str, str]) -> dict[str, dict]:
+    """Every job's measurement with its time alone: a run of another seed is the run of its arm's first
+    seed but for its seed, as fast alone (``alone_from`` names the job timed)."""
+    out = dict(measured)
+    for job, timed in first.items():
+        if job != timed and "alone" in measured[timed]:
+            out[job] = {**measured[job], "alone": measured[timed]["alone"], "alone_from": timed}
+    return out
+
+
 def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline) -> dict:
     """Time every pretraining job of the study (``calibrate``) and plan the budget (``plan``)."""
 
@@ -211,30 +230,24 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     # every pretraining run is timed, all at once as the study will train them: one job per arm (an arm per
     # objective, unless arms are given), named after it; with several seeds, one per arm and seed (roberta-s1)
     arms, seeds = list(ablation.study_arms(cfg)), [int(s) for s in cfg.seeds]
-    first: dict[str, str] = {}  # job -> the job of its arm's first seed, which is timed alone for it
+    first = calibration_jobs(arms, seeds)  # job -> the job of its arm's first seed, which is timed alone for it
     work, names = [], {}
-    for seed in seeds:
-        for arm in arms:
-            job = arm if len(seeds) == 1 else f"{arm}-s{seed}"
-            first[job] = arm if len(seeds) == 1 else f"{arm}-s{seeds[0]}"
-            train_cfg, _ = ablation.pretraining_config(probe, arm, seed)
-            name = f"calibrating {job}"
-            names[name] = job
-            kwargs = {
-                "job": job,
-                "exchange": str(exchange),
-                "warmup_steps": int(c.warmup_steps),
-                "timeout_s": float(c.timeout_s),
-                "spawned_at": time.time(),
-                "run_dir": str(exchange / job),
-            }
-            work.append(measure_work(name, train_cfg, kwargs, exchange / f"{job}.log"))
+    for job, (arm, seed) in zip(first, [(arm, seed) for seed in seeds for arm in arms]):
+        train_cfg, _ = ablation.pretraining_config(probe, arm, seed)
+        name = f"calibrating {job}"
+        names[name] = job
+        kwargs = {
+            "job": job,
+            "exchange": str(exchange),
+            "warmup_steps": int(c.warmup_steps),
+            "timeout_s": float(c.timeout_s),
+            "spawned_at": time.time(),
+            "run_dir": str(exchange / job),
+        }
+        work.append(measure_work(name, train_cfg, kwargs, exchange / f"{job}.log"))
     windows = Windows(exchange, names, float(c.together_s), float(c.alone_s), alone=set(first.values()))
     run_parallel(work, len(work), " ".join(sys.argv), tick=windows)
-    measured = read_rates(exchange, list(first))
-    for job, timed in first.items():  # the same run but for its seed: as fast alone as the one timed
-        if job != timed and "alone" in measured[timed]:
-            measured[job] = {**measured[job], "alone": measured[timed]["alone"], "alone_from": timed}
+    measured = alone_as_first(read_rates(exchange, list(first)), first)
     rates = plan_rates(measured)
     timeline.mark("plan")
     reserve = cfg.slot.reserve_s
