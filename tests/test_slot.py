@@ -395,6 +395,10 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
     failed = _retar(b, tmp_path / "failed.tar.gz", lambda r: r.update(error="RuntimeError: out of time"))
     with pytest.raises(MergeError, match="a slot that failed"):
         merge([a, failed], tmp_path / "with-failed")
+    # a slot whose time ran out before it planned: failed, not "not a slot's record" (as it once said)
+    early = _retar(b, tmp_path / "early.tar.gz", lambda r: (r.update(error="TimeUp: out of time"), r.pop("plan")))
+    with pytest.raises(MergeError, match="early.tar.gz is the archive of a slot that failed .TimeUp: out of time"):
+        merge([a, early], tmp_path / "with-early")
 
 
 def test_a_slot_keeps_to_its_time_and_brings_back_what_finished(packed, tmp_path):

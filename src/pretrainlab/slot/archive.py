@@ -97,6 +97,8 @@ def _open(archive: Path, into: Path) -> tuple[Path, dict]:
         raise MergeError(
             f"{archive}: its {record.relative_to(into)} is not JSON ({e}): the archive is damaged."
         ) from None
+    if isinstance(loaded, dict) and loaded.get("error"):  # stopped before it planned, or after: either way failed
+        raise MergeError(f"{archive} is the archive of a slot that failed ({loaded['error']}): merge finished slots.")
     missing = [k for k in ("settings", "seeds", "plan") if not isinstance(loaded, dict) or k not in loaded]
     if missing:
         raise MergeError(
