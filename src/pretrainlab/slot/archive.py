@@ -206,7 +206,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
             shutil.copytree(
                 run, out / "pretrain" / run.name, ignore=lambda d, names, skip=skip: [n for n in names if n in skip]
             )
-        slot_dir = out / "slots" / path.name.removesuffix(".tar.gz")
+        slot_dir = out / "slots" / _stem(path)
         shutil.copytree(study / "report", slot_dir / "report")
         if (study / "logs").is_dir():
             shutil.copytree(study / "logs", slot_dir / "logs")
@@ -221,15 +221,20 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     tasks = study_tasks(cfg)
     table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
     recost(report, records, "in its slot" if len(records) == 1 else f"over the {len(records)} slots")
-    measured_on(report / "provenance.json", [out / "slots" / p.name.removesuffix(".tar.gz") for p in paths])
+    measured_on(report / "provenance.json", [out / "slots" / _stem(p) for p in paths])
     for path, record in zip(paths, records):  # each slot's own record, as its slot.md says it
-        stem = f"slot-{path.name.removesuffix('.tar.gz')}"
+        stem = f"slot-{_stem(path)}"
         atomic.write_json(report / f"{stem}.json", record)
         atomic.write_text(report / f"{stem}.md", slot_markdown(record) + "\n")
     atomic.write_json(report / "slots.json", {"archives": [str(p) for p in paths], "slots": records})
     atomic.write_text(report / "slots.md", slots_markdown(paths, records) + "\n")
     log.info("merged %d slots (pretraining seeds %s) -> %s", len(paths), seeds, report)
     return table
+
+
+def _stem(archive: Path) -> str:
+    """A slot's archive's name without ``.tar.gz``: its folder under ``slots/`` and its record's name."""
+    return archive.name.removesuffix(".tar.gz")
 
 
 def measured_on(provenance: Path, slots: list[Path]) -> None:
@@ -268,7 +273,7 @@ def slots_markdown(paths: list[Path], records: list[dict]) -> str:
             return f"{p['seconds']:.0f} s" if p else "–"
 
         lines.append(
-            f"| [{path.name}](slot-{path.name.removesuffix('.tar.gz')}.md) | {', '.join(map(str, r.get('seeds', [])))} | {(r.get('device') or {}).get('device', '?')} | "
+            f"| [{path.name}](slot-{_stem(path)}.md) | {', '.join(map(str, r.get('seeds', [])))} | {(r.get('device') or {}).get('device', '?')} | "
             f"{r.get('wall_s', 0):.0f} s | {(r.get('plan') or {}).get('budget_flops', 0):.2g} FLOPs | "
             f"{length('calibration')} | {length('pretraining')} | {length('evaluation')} |"
         )

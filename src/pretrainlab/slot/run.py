@@ -199,13 +199,16 @@ def _budget_of(archive: Path) -> float:
     return value
 
 
+def calibration_job(arm: str, seed: int, seeds: list[int]) -> str:
+    """The calibration's job of ``arm``'s run of ``seed``: the arm's name (roberta) in a slot of one seed,
+    the run's (roberta-s1) in a slot of several."""
+    return arm if len(seeds) == 1 else f"{arm}-s{seed}"
+
+
 def calibration_jobs(arms: list[str], seeds: list[int]) -> dict[str, str]:
     """The calibration's jobs, one per pretraining run in the order the study starts them (seed by seed),
-    each mapped to the job of its arm's first seed, the one timed alone for it. One seed: a job per arm,
-    named after it (roberta); several: a job per run (roberta-s1)."""
-    if len(seeds) == 1:
-        return {arm: arm for arm in arms}
-    return {f"{arm}-s{seed}": f"{arm}-s{seeds[0]}" for seed in seeds for arm in arms}
+    each mapped to the job of its arm's first seed, the one timed alone for it."""
+    return {calibration_job(arm, seed, seeds): calibration_job(arm, seeds[0], seeds) for seed in seeds for arm in arms}
 
 
 def alone_as_first(measured: dict[str, dict], first: dict[str, str]) -> dict[str, dict]:
@@ -232,7 +235,8 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     arms, seeds = list(ablation.study_arms(cfg)), [int(s) for s in cfg.seeds]
     first = calibration_jobs(arms, seeds)  # job -> the job of its arm's first seed, which is timed alone for it
     work, names = [], {}
-    for job, (arm, seed) in zip(first, [(arm, seed) for seed in seeds for arm in arms]):
+    for arm, seed in ((arm, seed) for seed in seeds for arm in arms):
+        job = calibration_job(arm, seed, seeds)
         train_cfg, _ = ablation.pretraining_config(probe, arm, seed)
         name = f"calibrating {job}"
         names[name] = job

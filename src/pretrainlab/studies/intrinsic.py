@@ -145,10 +145,15 @@ def learning_report(runs: list[Path], out_dir: Path, recorded: bool = False) -> 
     return rows
 
 
+def heads_with(rows: dict[str, dict], status: str) -> dict[str, list[HeadCheck]]:
+    """The runs with a head whose verdict is ``status`` (``learning.AT``, ``ABOVE``, ``PAST``), and those heads."""
+    flagged = {name: [HeadCheck(**c) for c in row["checks"] if c["status"] == status] for name, row in rows.items()}
+    return {name: checks for name, checks in flagged.items() if checks}
+
+
 def at_baseline(rows: dict[str, dict]) -> dict[str, list[HeadCheck]]:
     """The runs with a head still at its trivial baseline, and those heads."""
-    flagged = {name: [HeadCheck(**c) for c in row["checks"] if c["status"] == AT] for name, row in rows.items()}
-    return {name: checks for name, checks in flagged.items() if checks}
+    return heads_with(rows, AT)
 
 
 def learning_markdown(rows: dict[str, dict]) -> str:
@@ -270,17 +275,10 @@ def _plot_learning(curves: dict, path: Path) -> Path:
     return figures.save(fig, path)
 
 
-def still_learning(rows: dict[str, dict]) -> dict[str, list[HeadCheck]]:
-    """The runs with a head above its trivial baseline but not past it (learning, not yet clearly), and
-    those heads."""
-    flagged = {name: [HeadCheck(**c) for c in row["checks"] if c["status"] == ABOVE] for name, row in rows.items()}
-    return {name: checks for name, checks in flagged.items() if checks}
-
-
 def learning_preface(rows: dict[str, dict]) -> str:
     """The warning that heads a study's comparison when any run is still at its trivial baseline, or has a
     head that is learning but not yet past it ('' if every head is past its baseline)."""
-    flagged, learning_still = at_baseline(rows), still_learning(rows)
+    flagged, learning_still = at_baseline(rows), heads_with(rows, ABOVE)
     lines: list[str] = []
     if flagged:
         lines += [
