@@ -571,3 +571,14 @@ def test_token_and_minute_budgets_and_bad_budgets(tmp_path):
         run(compose_train(*RESUME, "budget.tokens=1000", "budget.flops=1.0e9"), tmp_path / "two")
     with pytest.raises(ConfigError, match="must be positive"):
         run(compose_train(*RESUME, "budget.tokens=0"), tmp_path / "zero")
+
+
+def test_a_budget_that_ends_before_the_first_validation_is_validated_at_its_last_step(tmp_path):
+    """A budget too small to reach ``val_every`` (a question slot's short runs, a scaled-down study):
+    the run still validates once, where the budget stops it, so its held-out metrics and learning
+    checks exist; nothing to refuse."""
+    result = run(compose_train(*SMALL, "budget.flops=2.0e10", "val_every=200", "export=false"), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "learning.csv").open()))
+    assert len(rows) == 1 and 0 < int(rows[0]["step"]) < 200, rows
+    assert float(rows[0]["flops"]) >= 2.0e10 and "val/mlm_acc" in result
+    assert [c["head"] for c in result["learning"]] == ["MLM at [MASK]"]

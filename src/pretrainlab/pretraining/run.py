@@ -21,6 +21,7 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
+from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
 from pretrainlab.config import ConfigError, plain
@@ -36,9 +37,9 @@ from pretrainlab.pretraining.record import identity
 from pretrainlab.pretraining.snapshots import EncoderExport, EncoderSnapshots, check_fractions
 from pretrainlab.pretraining.snapshots import relabel as relabel_snapshots
 from pretrainlab.pretraining.timing import StepTimer
-from pretrainlab.runtime import hydra, wandb_runs
+from pretrainlab.runtime import checkpoints, hydra, wandb_runs
 from pretrainlab.runtime.checkpoints import KEY as CHECKPOINT_KEY
-from pretrainlab.runtime.checkpoints import CheckpointIO, check_resumable, run_info
+from pretrainlab.runtime.checkpoints import check_resumable, run_info
 from pretrainlab.runtime.checkpoints import save as save_checkpoint
 from pretrainlab.runtime.provenance import code_history
 from pretrainlab.runtime.rundir import checkpoint_to_resume, claim, is_secondary_rank, release
@@ -195,6 +196,17 @@ def build_datamodule(cfg: DictConfig, data: PretrainData, objective: Objective, 
             "examples: %d train (%d tokens), %d val", len(store), store.num_tokens, len(datamodule.val_store or ())
         )
     return datamodule
+
+
+class CheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O, written atomically (:func:`checkpoints.write`) and read without
+    running any code a file might carry (:func:`checkpoints.read`: ``weights_only``, clear errors)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        checkpoints.write(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        return checkpoints.read(path)
 
 
 def build_trainer(

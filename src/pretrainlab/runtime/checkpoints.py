@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins import TorchCheckpointIO
 
 from pretrainlab import atomic
 from pretrainlab.runtime.provenance import ADDED_SETTINGS
@@ -164,27 +163,21 @@ def check_resumable(path: str | Path, info: dict, ignore: tuple[str, ...] = ()) 
     return checkpoint
 
 
-class CheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O, written through :mod:`pretrainlab.atomic` (a temporary file
-    beside the checkpoint, renamed onto it, with the umask's permissions) and read with
-    :func:`read` (``weights_only``, clear errors)."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        atomic.write_with(Path(path), lambda f: torch.save(checkpoint, f))
-
-    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
-        return read(path)
+def write(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """``checkpoint`` to ``path`` through :mod:`pretrainlab.atomic`: a temporary file beside it, renamed
+    onto it, with the umask's permissions (the run's Lightning ``CheckpointIO`` writes through this)."""
+    atomic.write_with(Path(path), lambda f: torch.save(checkpoint, f))
 
 
 __all__ = [
     "DATA_PARTS",
     "KEY",
     "CheckpointError",
-    "CheckpointIO",
     "check_resumable",
     "data_differences",
     "load_tensors",
     "read",
     "run_info",
     "save",
+    "write",
 ]
