@@ -96,14 +96,45 @@ if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):
             _cls.evaluate = _timed("evaluation", vars(_cls)["evaluate"])  # type: ignore[method-assign]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (in their files' order), then the rest: pytest-xdist hands tests out in
+    this order, so the long ones start early on every worker and the short ones even out the end;
+    in collection order a long test drawn last kept one worker busy minutes after the other was done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_setup(item):
     _PARTS.clear()
 
 
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """One pretrainlab data cache for the whole test session, every pytest-xdist worker and every
+    process a test starts: tokenizers, tokenized corpora, examples, generated evaluation data and
+    probe features. Each entry is keyed by everything it is made from (probe features by the sha256
+    of the encoder's weights) and written to a temporary name and renamed under a file lock, as
+    concurrent runs share a cache in use; so a test reads what another test made only when it would
+    make the same. The session's cache starts empty: no entry outlives the code that made it."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:  # <session>/popen-gw<N>: the session's folder is shared
+        root = root.parent
+    path = root / "shared-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Every test gets its own pretrainlab cache, so no test reads another's results."""
-    monkeypatch.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+def _session_cache(shared_cache, monkeypatch):
+    """Every test uses the session's cache (``own_cache`` gives a test an empty one of its own)."""
+    monkeypatch.setenv("PRETRAINLAB_CACHE", str(shared_cache))
+
+
+@pytest.fixture
+def own_cache(tmp_path_factory, monkeypatch) -> Path:
+    """An empty cache of this test's own, for a test that asserts what a cache holds or writes."""
+    path = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("PRETRAINLAB_CACHE", str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)

@@ -297,7 +297,7 @@ def test_batches_cover_each_epoch_once_and_ranks_are_disjoint():
         EpochBatches(5, 8, seed=0)
 
 
-def test_streamed_corpus_trains_end_to_end(tmp_path):
+def test_streamed_corpus_trains_end_to_end(tmp_path, own_cache):
     """The streaming path (hub presets with streaming: true) on a local file: documents are read
     lazily, tokenized on the fly, built into examples in buffers and masked."""
     from omegaconf import OmegaConf
@@ -314,7 +314,7 @@ def test_streamed_corpus_trains_end_to_end(tmp_path):
     OmegaConf.update(cfg, "data.sources", [{"path": "json", "data_files": [str(path)], "text_column": "text"}])
     result = run(cfg, tmp_path / "run")
     assert result["global_step"] == 6 and result["val/mlm_acc"] >= 0
-    cache = Path(os.environ["PRETRAINLAB_CACHE"])
+    cache = own_cache
     assert (cache / "tokenizers").is_dir()  # the tokenizer was trained on the stream and cached
     assert not (cache / "tokenized").exists()  # the corpus itself is never materialised
 

@@ -22,11 +22,11 @@ QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, shared_cache) -> Path:
     """A finished run (roberta, 4 steps) that tests copy before changing anything in it."""
     out = tmp_path_factory.mktemp("trained") / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
         run(compose_train(*QUICK), out)
     return out
 
