@@ -183,6 +183,22 @@ def test_a_data_folder_a_study_preset_would_ignore_is_refused_before_any_pretrai
         ablation.run_study(cfg)
 
 
+def test_a_studys_squad_folder_is_a_data_dir_like_the_others_and_checked_before_any_pretraining(tmp_path, monkeypatch):
+    """data_dirs holds every evaluation data block's folder, SQuAD's too (it once had no key there)."""
+    from pretrainlab.studies import ablation
+
+    monkeypatch.setattr(
+        ablation.pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
+    )
+    cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", "evals=[squad]")
+    cfg.glue.overrides = [o for o in cfg.glue.overrides if "max_seq_len" not in o]  # SQuAD's windows need more
+    cfg.data_dirs.squad = str(tmp_path / "no-squad-here")
+    with pytest.raises(
+        ConfigError, match=r"evaluation squad of the study \(checked before any pretraining\).*no-squad-here"
+    ):
+        ablation.run_study(cfg)
+
+
 def test_a_study_checks_its_evaluation_data_before_any_pretraining(tmp_path, monkeypatch):
     from pretrainlab.studies import ablation
 

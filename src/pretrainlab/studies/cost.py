@@ -73,7 +73,8 @@ def study_cost(runs: list[Path], jobs: int = 1, wall_s: dict[str, float] | None 
     }
 
 
-def _hours(seconds: float) -> str:
+def hours(seconds: float) -> str:
+    """A duration as reports write it: minutes under an hour ("4.5 min"), hours from there ("1.25 h")."""
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
@@ -124,21 +125,21 @@ def cost_markdown(cost: dict) -> str:
     for r in cost["pretraining"]:
         tokens = f"{r['tokens'] / 1e6:.1f}M" if r["tokens"] else "–"
         flops = f"{r['flops']:.2g}" if r["flops"] else "–"
-        lines.append(f"| {r['run']} | {r['steps']:,} | {tokens} | {flops} | {_hours(float(r['seconds'] or 0))} |")
+        lines.append(f"| {r['run']} | {r['steps']:,} | {tokens} | {flops} | {hours(float(r['seconds'] or 0))} |")
     lines += ["", "| evaluation | runs | process time |", "|---|---|---|"]
     for task, t in cost["evaluation"].items():
-        lines.append(f"| {task} | {t['runs']} | {_hours(t['seconds'])} |")
+        lines.append(f"| {task} | {t['runs']} | {hours(t['seconds'])} |")
     wall = cost.get("wall_s") or {}
     at_once = cost.get("jobs", 1)
     summed = (
-        f"pretraining {_hours(cost['pretraining_s'])}, evaluation {_hours(cost['evaluation_s'])}, summed over the runs"
+        f"pretraining {hours(cost['pretraining_s'])}, evaluation {hours(cost['evaluation_s'])}, summed over the runs"
         + (f" ({at_once} at a time: time that ran side by side, not a duration)" if at_once > 1 else "")
     )
     lines.append("")
     if wall:
         of = f" {cost['wall_of']}" if cost.get("wall_of") else ""
-        phases = ", ".join(f"{phase} {_hours(float(seconds))}" for phase, seconds in wall.items())
-        lines += [f"Wall-clock{of}: {phases} (**{_hours(sum(map(float, wall.values())))}**). Process time: {summed}."]
+        phases = ", ".join(f"{phase} {hours(float(seconds))}" for phase, seconds in wall.items())
+        lines += [f"Wall-clock{of}: {phases} (**{hours(sum(map(float, wall.values())))}**). Process time: {summed}."]
     else:
         lines += [f"Process time: {summed}."]
     if host and cost.get("gpu"):  # a slot's record says its runs trained on a GPU

@@ -80,17 +80,17 @@ def _source(report: Path, link: str) -> str:
     line = f"From [{report.name}]({link}): `{p['command']}`, commit {commit}, {p['date']}, {p['device']}."
     cost_file = report / "cost.json"
     if cost_file.is_file():
-        from pretrainlab.studies.cost import _hours  # lazily: start-up time (module docstring)
+        from pretrainlab.studies.cost import hours  # lazily: start-up time (module docstring)
 
         cost = json.loads(cost_file.read_text(encoding="utf-8"))
         wall = cost.get("wall_s") or {}
         if wall:  # the study's durations; process time summed over runs at once is not one
             of = f" {cost['wall_of']}" if cost.get("wall_of") else ""
-            line += " Wall-clock" + of + ": " + ", ".join(f"{p} {_hours(float(s))}" for p, s in wall.items()) + "."
+            line += " Wall-clock" + of + ": " + ", ".join(f"{p} {hours(float(s))}" for p, s in wall.items()) + "."
         else:
             line += (
-                f" Process time, summed over the runs: pretraining {_hours(cost['pretraining_s'])}, "
-                f"evaluation {_hours(cost['evaluation_s'])}."
+                f" Process time, summed over the runs: pretraining {hours(cost['pretraining_s'])}, "
+                f"evaluation {hours(cost['evaluation_s'])}."
             )
     return line
 
