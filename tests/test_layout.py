@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 SRC = ROOT / "src"
@@ -128,3 +130,33 @@ def test_the_layout_in_docs_design_names_every_module_and_only_modules():
         assert listed == modules, (
             f"docs/design.md's layout of {folder}/: missing {sorted(modules - listed)}, not modules {sorted(listed - modules)}"
         )
+
+
+def test_the_floors_in_docs_design_are_the_floors_this_test_checks():
+    """docs/design.md draws the floors, highest first, one line each: its packages, then what they hold."""
+    block = (ROOT / "docs" / "design.md").read_text().split("## Floors", 1)[1].split("```", 2)[1]
+    drawn = [set(re.split(r"\s{3,}", line.strip())[0].split()) for line in block.strip().splitlines()]
+    checked = [floor - {"pretrainlab"} for floor in FLOORS]
+    assert drawn[::-1] == checked, f"docs/design.md's floors, lowest first: {drawn[::-1]}; the test's: {checked}"
+
+
+@pytest.mark.parametrize(
+    "section, module, cls",
+    [("The objective plugin contract", "pretrainlab.objectives.base", "Objective"),
+     ("The evaluation plugin contract", "pretrainlab.evaluation.base", "Evaluation")],
+)  # fmt: skip
+def test_the_plugin_contracts_in_docs_design_have_the_code_s_signatures(section, module, cls):
+    """Every method a contract block of docs/design.md names exists on its base class with those parameters."""
+    import importlib
+    import inspect
+
+    base = getattr(importlib.import_module(module), cls)
+    block = (ROOT / "docs" / "design.md").read_text().split(f"## {section}", 1)[1].split("```", 2)[1]
+    drawn = re.findall(r"def (\w+)\((?:self|cls)((?:, [\w=: .\[\]|]+)*)\)", block)
+    assert len(drawn) >= 4, drawn
+    for name, params in drawn:
+        method = getattr(base, name, None)
+        assert callable(method), f"docs/design.md names {cls}.{name}, which does not exist"
+        code = [p for p in inspect.signature(method).parameters if p not in ("self", "cls")]
+        named = [p.split("=")[0].split(":")[0].strip() for p in params.split(", ") if p]
+        assert named == code, f"docs/design.md: {cls}.{name}({', '.join(named)}); the code: ({', '.join(code)})"
