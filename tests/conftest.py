@@ -97,10 +97,18 @@ if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first (in their files' order), then the rest: pytest-xdist hands tests out in
-    this order, so the long ones start early on every worker and the short ones even out the end;
-    in collection order a long test drawn last kept one worker busy minutes after the other was done."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest tests first, then the other slow ones, then the rest: pytest-xdist hands tests out in
+    this order (pyproject.toml: one or two at a time), so the long ones start early and the short ones
+    even out the end; a long test drawn last kept one worker busy minutes after the other was done.
+    "Longest" is the published report of a recorded run (docs/results/test-time-slowest, CONTRIBUTING.md)."""
+    import json
+
+    try:
+        report = json.loads((ROOT / "docs" / "results" / "test-time-slowest" / "report.json").read_text())
+        measured = {row[0]: float(row[1]) for row in report["rows"]}
+    except (OSError, ValueError, KeyError, IndexError):
+        measured = {}
+    items.sort(key=lambda item: (-measured.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
 
 
 def pytest_runtest_setup(item):
