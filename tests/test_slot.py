@@ -141,7 +141,7 @@ def packed(tmp_path_factory):
     from pretrainlab.slot.__main__ import main
 
     root = shared_layout(tmp_path_factory.mktemp("data"))
-    archive = root.parent / "inputs.tar.xz"
+    archive = tmp_path_factory.mktemp("inputs") / "inputs.tar.xz"  # a new folder: the module's tests may run apart
     argv = ["pack", "--data", str(root), "--corpus", str(root / "corpus" / "synthetic"), "--out", str(archive)]
     assert main([*argv, *SMALL]) == 0
     return root, archive
