@@ -63,6 +63,9 @@ if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):
     _fit = _lightning.Trainer.fit
 
     def _timed(part: str, function):
+        import functools
+
+        @functools.wraps(function)  # its signature stays readable (tests/test_layout.py reads it)
         def timed(*args, **kwargs):
             start = _time.perf_counter()
             try:
