@@ -118,26 +118,23 @@ def pytest_runtest_setup(item):
     _PARTS.clear()
 
 
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory) -> Path:
-    """One pretrainlab data cache for the whole test session, every pytest-xdist worker and every
-    process a test starts: tokenizers, tokenized corpora, examples, generated evaluation data and
-    probe features. Each entry is keyed by everything it is made from (probe features by the sha256
-    of the encoder's weights) and written to a temporary name and renamed under a file lock, as
-    concurrent runs share a cache in use; so a test reads what another test made only when it would
-    make the same. The session's cache starts empty: no entry outlives the code that made it."""
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory):
+    """One pretrainlab data cache (``PRETRAINLAB_CACHE``) for the whole test session, every pytest-xdist
+    worker, every module fixture and every process a test starts: tokenizers, tokenized corpora,
+    examples, generated evaluation data and probe features. Each entry is keyed by everything it is
+    made from (probe features by the sha256 of the encoder's weights) and written to a temporary name
+    and renamed under a file lock, as concurrent runs share a cache in use; so a test reads what another
+    test made only when it would make the same. The session's cache starts empty: no entry outlives the
+    code that made it. (``own_cache`` gives a test an empty one of its own.)"""
     root = tmp_path_factory.getbasetemp()
     if "PYTEST_XDIST_WORKER" in os.environ:  # <session>/popen-gw<N>: the session's folder is shared
         root = root.parent
     path = root / "shared-cache"
     path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def _session_cache(shared_cache, monkeypatch):
-    """Every test uses the session's cache (``own_cache`` gives a test an empty one of its own)."""
-    monkeypatch.setenv("PRETRAINLAB_CACHE", str(shared_cache))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRETRAINLAB_CACHE", str(path))
+        yield path
 
 
 @pytest.fixture

@@ -314,9 +314,8 @@ def test_streamed_corpus_trains_end_to_end(tmp_path, own_cache):
     OmegaConf.update(cfg, "data.sources", [{"path": "json", "data_files": [str(path)], "text_column": "text"}])
     result = run(cfg, tmp_path / "run")
     assert result["global_step"] == 6 and result["val/mlm_acc"] >= 0
-    cache = own_cache
-    assert (cache / "tokenizers").is_dir()  # the tokenizer was trained on the stream and cached
-    assert not (cache / "tokenized").exists()  # the corpus itself is never materialised
+    assert (own_cache / "tokenizers").is_dir()  # the tokenizer was trained on the stream and cached
+    assert not (own_cache / "tokenized").exists()  # the corpus itself is never materialised
 
 
 def test_parallel_sentence_splitting_leaves_the_tokenizers_parallel(tmp_path, monkeypatch):

@@ -356,21 +356,19 @@ def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
 
 # --- every evaluation on pretrained encoders ------------------------------------------------------------
 @pytest.fixture(scope="module")
-def encoders(tmp_path_factory, shared_cache) -> dict[str, Path]:
+def encoders(tmp_path_factory) -> dict[str, Path]:
     """roberta and electra, 300 steps on the synthetic corpus."""
     from pretrainlab.pretraining.run import run
 
     out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        for name, extra in (("roberta", []), ("electra", ["objective.mask_rate=0.3", "optim.lr=1.0e-3"])):
-            out[name] = tmp_path_factory.mktemp(name) / "run"
-            run(
-                compose_train(
-                    *SMALL, f"objective={name}", "max_steps=300", "val_every=300", "checkpoint_every=300", *extra
-                ),
-                out[name],
-            )
+    for name, extra in (("roberta", []), ("electra", ["objective.mask_rate=0.3", "optim.lr=1.0e-3"])):
+        out[name] = tmp_path_factory.mktemp(name) / "run"
+        run(
+            compose_train(
+                *SMALL, f"objective={name}", "max_steps=300", "val_every=300", "checkpoint_every=300", *extra
+            ),
+            out[name],
+        )
     return out
 
 

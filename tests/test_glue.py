@@ -351,14 +351,12 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def pretrained_run(tmp_path_factory, shared_cache):
+def pretrained_run(tmp_path_factory):
     from pretrainlab.pretraining.run import run
     from tests.conftest import SMALL, compose_train
 
     out = tmp_path_factory.mktemp("pretrain")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        result = run(compose_train(*SMALL, "data.num_documents=600", "max_steps=60", "val_every=60"), out)
+    result = run(compose_train(*SMALL, "data.num_documents=600", "max_steps=60", "val_every=60"), out)
     return result["run_dir"]
 
 

@@ -89,11 +89,14 @@ def test_no_package_imports_a_higher_floor():
     assert not upward, "imports from a lower floor up to a higher one:\n" + "\n".join(upward)
 
 
+def _design_block(section: str) -> str:
+    """The first code block of docs/design.md's section ``## <section>``."""
+    return (ROOT / "docs" / "design.md").read_text().split(f"## {section}", 1)[1].split("```", 2)[1]
+
+
 def _design_layout() -> dict[str, set[str]]:
     """docs/design.md's layout: folder of the package ("" for its top) -> the module paths it names there."""
-    text = (ROOT / "docs" / "design.md").read_text()
-    block = text.split("## Layout", 1)[1].split("```", 2)[1]
-    lines = block.splitlines()
+    lines = _design_block("Layout").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("src/pretrainlab/"))
     named: dict[str, set[str]] = {}
     folder = None
@@ -134,8 +137,7 @@ def test_the_layout_in_docs_design_names_every_module_and_only_modules():
 
 def test_the_floors_in_docs_design_are_the_floors_this_test_checks():
     """docs/design.md draws the floors, highest first, one line each: its packages, then what they hold."""
-    block = (ROOT / "docs" / "design.md").read_text().split("## Floors", 1)[1].split("```", 2)[1]
-    drawn = [set(re.split(r"\s{3,}", line.strip())[0].split()) for line in block.strip().splitlines()]
+    drawn = [set(re.split(r"\s{3,}", line.strip())[0].split()) for line in _design_block("Floors").strip().splitlines()]
     checked = [floor - {"pretrainlab"} for floor in FLOORS]
     assert drawn[::-1] == checked, f"docs/design.md's floors, lowest first: {drawn[::-1]}; the test's: {checked}"
 
@@ -151,8 +153,7 @@ def test_the_plugin_contracts_in_docs_design_have_the_code_s_signatures(section,
     import inspect
 
     base = getattr(importlib.import_module(module), cls)
-    block = (ROOT / "docs" / "design.md").read_text().split(f"## {section}", 1)[1].split("```", 2)[1]
-    drawn = re.findall(r"def (\w+)\((?:self|cls)((?:, [\w=: .\[\]|]+)*)\)", block)
+    drawn = re.findall(r"def (\w+)\((?:self|cls)((?:, [\w=: .\[\]|]+)*)\)", _design_block(section))
     assert len(drawn) >= 4, drawn
     for name, params in drawn:
         method = getattr(base, name, None)

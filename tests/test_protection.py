@@ -22,12 +22,10 @@ QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shared_cache) -> Path:
+def trained(tmp_path_factory) -> Path:
     """A finished run (roberta, 4 steps) that tests copy before changing anything in it."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        run(compose_train(*QUICK), out)
+    run(compose_train(*QUICK), out)
     return out
 
 

@@ -375,12 +375,10 @@ def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, ddp
 
 
 @pytest.fixture(scope="module")
-def reference_losses(tmp_path_factory, shared_cache) -> dict[int, float]:
+def reference_losses(tmp_path_factory) -> dict[int, float]:
     """The losses of an uninterrupted one-process run of 40 steps."""
     out = tmp_path_factory.mktemp("reference")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        run(compose_train(*RESUME, "max_steps=40"), out)
+    run(compose_train(*RESUME, "max_steps=40"), out)
     return losses(out)
 
 

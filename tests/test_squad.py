@@ -186,15 +186,13 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, shared_cache):
+def pretrained(tmp_path_factory):
     """A tiny RoBERTa encoder, 300 steps on the synthetic corpus."""
     from pretrainlab.pretraining.run import run as pretrain
     from tests.conftest import SMALL, compose_train
 
     out = tmp_path_factory.mktemp("pretrained") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        pretrain(compose_train(*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=300"), out)
+    pretrain(compose_train(*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=300"), out)
     return out
 
 

@@ -71,16 +71,14 @@ def never(*a, **k):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, shared_cache) -> Path:
+def finished(tmp_path_factory) -> Path:
     """A pretraining run (roberta, 4 steps) with its GLUE suite on RTE, seeds 0 and 1; tests copy it."""
     from pretrainlab.studies.suite import run_suite
 
     out = tmp_path_factory.mktemp("finished") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PRETRAINLAB_CACHE", str(shared_cache))
-        pretrain(compose_train(*QUICK), out)
-        cfg = suite_cfg(out)
-        run_suite(cfg, ["rte"], [0, 1], None, dict(cfg.task_overrides))
+    pretrain(compose_train(*QUICK), out)
+    cfg = suite_cfg(out)
+    run_suite(cfg, ["rte"], [0, 1], None, dict(cfg.task_overrides))
     return out
 
 
