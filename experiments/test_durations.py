@@ -7,8 +7,11 @@ Each test's time is its setup, call and teardown; its call is split into what it
 the test's process (``Trainer.fit`` of a ``PretrainModule``), in evaluations (every ``Evaluation.evaluate``),
 and in commands run in processes of their own (a CLI, ``tests.conftest.run_command``: imports, Hydra,
 and whatever the command does); the rest is building data, composing configs, processes a study starts
-itself, and the test's own checks. Writes ``<report>/by-file`` and ``<report>/slowest``, table reports
-that ``python -m pretrainlab.tools.docs publish`` takes (CONTRIBUTING.md shows them).
+itself, and the test's own checks. Every Python process a test starts records itself too
+(tests/process_record): how many each file's tests started and the CPU they used, beside what one
+process that imports torch and Lightning costs before it does anything (measured here, when the reports
+are made). Writes ``<report>/by-file`` and ``<report>/slowest``, table reports that
+``python -m pretrainlab.tools.docs publish`` takes (CONTRIBUTING.md shows them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def load(path: Path) -> dict[str, dict]:
     seen: set[tuple[str, str]] = set()
     for line in path.read_text().splitlines():
         entry = json.loads(line)
+        if "process" in entry:  # a process a test started (processes())
+            continue
         key = (entry["test"], entry["when"])
         if key in seen:  # a second run appended to the same file: start that test again
             tests.pop(entry["test"], None)
@@ -42,6 +47,35 @@ def load(path: Path) -> dict[str, dict]:
         if entry["outcome"] != "passed" and entry["when"] == "call":
             test["outcome"] = entry["outcome"]
     return dict(tests)
+
+
+def processes(path: Path) -> dict[str, dict]:
+    """Per test file: how many Python processes its tests started, their CPU seconds, and how many of them
+    imported Lightning."""
+    files: dict[str, dict] = defaultdict(lambda: {"count": 0, "cpu": 0.0, "lightning": 0})
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        if "process" in entry:
+            f = files[entry["test"].split("::")[0]]
+            f["count"] += 1
+            f["cpu"] += float(entry["cpu"])
+            f["lightning"] += bool(entry.get("lightning"))
+    return dict(files)
+
+
+def startup_cpu(module: str = "pretrainlab.pretraining.run", times: int = 3) -> float:
+    """CPU seconds (median of ``times``) of a process that imports ``module`` and exits."""
+    import resource
+    import statistics
+    import subprocess
+
+    spent = []
+    for _ in range(times):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", f"import {module}"], check=True, cwd=ROOT)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(spent)
 
 
 def checks(nodeid: str) -> str:
@@ -70,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, required=True, help="a folder: by-file/ and slowest/ are written in it")
     parser.add_argument("--wall", type=float, default=None, help="the suite's wall-clock in seconds, as pytest said it")
     parser.add_argument("--top", type=int, default=20, help="how many of the slowest tests to list")
+    parser.add_argument(
+        "--startup-samples", type=int, default=3, help="times to measure a bare process's start-up (0: not measured)"
+    )
     args = parser.parse_args(argv)
     if not args.record.is_file():
         parser.error(f"{args.record}: no such record; run the suite with PRETRAINLAB_TEST_DURATIONS={args.record}")
@@ -92,11 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         if t["seconds"] > f["slowest"][1]:
             f["slowest"] = (nodeid.split("::", 1)[1], t["seconds"])
     wall = f", {minutes(args.wall)} min of wall-clock" if args.wall else ""
+    started = processes(args.record)
+    count = sum(f["count"] for f in started.values())
+    startup = startup_cpu(times=args.startup_samples) if args.startup_samples > 0 else None
     about = (
         f"{len(tests)} tests, {minutes(total)} min of test time in all (setup, call and teardown of every test, "
         f"summed over the workers{wall}). Minutes; a test's call split into pretraining in its process, "
         f"evaluations, and commands run in processes of their own (imports, Hydra and the command's work); the "
-        f"rest is data, configs, a study's own processes and the checks."
+        f"rest is data, configs, a study's own processes and the checks. The tests started {count} Python "
+        f"processes ({sum(f['lightning'] for f in started.values())} of them imported Lightning), which used "
+        f"{minutes(sum(f['cpu'] for f in started.values()))} min of CPU"
+        + (
+            f"; one that imports pretrainlab.pretraining.run (torch, Lightning) and exits takes {startup:.1f} s of "
+            "CPU here."
+            if startup is not None
+            else "."
+        )
     )
     rows = [
         [
@@ -105,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             minutes(f["seconds"]),
             f"{100 * f['seconds'] / total:.0f}%",
             *(minutes(f[p]) for p in PARTS),
+            str(started.get(name, {}).get("count", 0)),
+            minutes(started.get(name, {}).get("cpu", 0.0)),
             f"{f['slowest'][0]} ({f['slowest'][1]:.0f} s)",
         ]
         for name, f in sorted(files.items(), key=lambda kv: -kv[1]["seconds"])
@@ -112,7 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     write_table_report(
         args.report / "by-file",
         "The test suite's time, by file",
-        ["file", "tests", "minutes", "share", "pretraining", "evaluations", "commands", "slowest test"],
+        [
+            "file",
+            "tests",
+            "minutes",
+            "share",
+            "pretraining",
+            "evaluations",
+            "commands",
+            "processes",
+            "their CPU",
+            "slowest test",
+        ],  # fmt: skip
         rows,
         about,
     )

@@ -47,6 +47,11 @@ def pytest_runtest_logreport(report):
 # --- where the suite's time goes (PRETRAINLAB_TEST_DURATIONS=<file>: experiments/test_durations.py reads it) ---
 _PARTS: dict[str, float] = {}
 
+if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):  # the processes tests start record themselves (its docstring)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "tests" / "process_record"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+
 
 def _record(entry: dict) -> None:
     import json
@@ -135,6 +140,105 @@ def shared_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRETRAINLAB_CACHE", str(path))
         yield path
+
+
+class Once:
+    """What the tests make once per session and only read: pretraining runs, a reference run's losses,
+    packed inputs. ``once(name, make)`` returns ``<session>/made-once/<name>/``, where ``make(folder)``
+    put its files the first time a test asked for ``name``; every test that asks later (on any
+    pytest-xdist worker) gets that folder. One worker makes it, under a file lock in the session's
+    folder, while the others wait; what a failed ``make`` left is removed, and the next test that asks
+    tries again. The session's folder starts empty: nothing made outlives the code that made it, and
+    a name must say everything the thing is made from (``shared_run`` keys runs by their config's sha256).
+
+    Read-only: when the test ends, everything it was given is compared with its fingerprint (each
+    file's path, size and sha256) and a test that changed it fails, naming what changed. A test that
+    resumes, overwrites or breaks a run makes its own, or copies a shared one first."""
+
+    DONE = ".fingerprint.json"
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.given: list[Path] = []
+        root.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, name: str, make) -> Path:
+        import json
+        import shutil
+
+        from filelock import FileLock
+
+        home = self.root / name
+        with FileLock(str(home) + ".lock"):
+            if not (home / self.DONE).exists():  # not made yet, or what a failed attempt left
+                shutil.rmtree(home, ignore_errors=True)
+                home.mkdir(parents=True)
+                try:
+                    make(home)
+                except BaseException:
+                    shutil.rmtree(home, ignore_errors=True)
+                    raise
+                (home / self.DONE).write_text(json.dumps(fingerprint(home)))  # last: it is complete
+        self.given.append(home)
+        return home
+
+    def check_unchanged(self, test: str) -> None:
+        import json
+
+        for home in dict.fromkeys(self.given):
+            before, after = json.loads((home / self.DONE).read_text()), fingerprint(home)
+            if after != before:
+                changed = sorted(p for p in {*before, *after} if before.get(p) != after.get(p))
+                pytest.fail(
+                    f"{test} changed {home}, which other tests read ({', '.join(changed[:5])}): what the `once` "
+                    "fixture made is read-only; copy it (shutil.copytree) before changing it"
+                )
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    """Each file under ``folder`` (relative path; the fingerprint's own file left out) -> size and sha256."""
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): f"{p.stat().st_size}:{hashlib.sha256(p.read_bytes()).hexdigest()}"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != Once.DONE
+    }
+
+
+@pytest.fixture
+def once(shared_cache, request):
+    """``once(name, make) -> folder``: made once per session, read-only (Once); the test fails if it
+    changed what it was given."""
+    made = Once(shared_cache.parent / "made-once")
+    yield made
+    made.check_unchanged(request.node.nodeid)
+
+
+@pytest.fixture
+def shared_run(once):
+    """``shared_run(*overrides) -> (run_dir, result)``: the pretraining run that ``train`` composed with the
+    overrides makes, and what :func:`pretrainlab.pretraining.run.run` returned; made once per session
+    (keyed by the composed config's sha256, so settings spelled differently share a run) and read-only."""
+    import hashlib
+    import json
+
+    from omegaconf import OmegaConf
+
+    def shared(*overrides: str) -> tuple[Path, dict]:
+        cfg = compose_train(*overrides)
+
+        def make(home: Path) -> None:
+            from pretrainlab.pretraining.run import run
+
+            result = run(cfg, home / "run")
+            (home / "settings.txt").write_text("\n".join(overrides) + "\n")
+            (home / "result.json").write_text(json.dumps(result, default=str))
+
+        home = once("run-" + hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:16], make)
+        return home / "run", json.loads((home / "result.json").read_text())
+
+    return shared
 
 
 @pytest.fixture

@@ -355,21 +355,16 @@ def test_blimp_refuses_a_file_that_is_not_utf8_and_no_pairs_at_all(tmp_path):
 
 
 # --- every evaluation on pretrained encoders ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def encoders(tmp_path_factory) -> dict[str, Path]:
-    """roberta and electra, 300 steps on the synthetic corpus."""
-    from pretrainlab.pretraining.run import run
+@pytest.fixture
+def encoders(shared_run) -> dict[str, Path]:
+    """roberta and electra as the learning tests pretrain them (tests/test_learning.py: 300 and 1,000 steps
+    on the synthetic corpus, each head past its baseline), made once per session and read-only."""
+    from tests.test_learning import ELECTRA, train
 
-    out = {}
-    for name, extra in (("roberta", []), ("electra", ["objective.mask_rate=0.3", "optim.lr=1.0e-3"])):
-        out[name] = tmp_path_factory.mktemp(name) / "run"
-        run(
-            compose_train(
-                *SMALL, f"objective={name}", "max_steps=300", "val_every=300", "checkpoint_every=300", *extra
-            ),
-            out[name],
-        )
-    return out
+    return {
+        "roberta": train(shared_run, "roberta", 300)[0],
+        "electra": train(shared_run, "electra", 1000, *ELECTRA)[0],
+    }
 
 
 def evaluate(pretrained, task: str, run_dir: Path, *overrides: str) -> dict:
@@ -498,6 +493,7 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     from pretrainlab.evaluation.results import ResultError
     from pretrainlab.pretraining.run import run
     from pretrainlab.studies.suite import plan_suite, run_suite
+    from tests.test_learning import LEARN
 
     run_dir = tmp_path / "run"
     shutil.copytree(encoders["roberta"], run_dir)
@@ -515,7 +511,8 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     (data / "verb_object_order.jsonl").write_text("\n".join(rows[:-1]) + "\n")  # a pair removed in place
     with pytest.raises(ResultError, match="computed on other data: verb_object_order.jsonl changed"):
         plan_suite(cfg, ["blimp"], [0], None, {})
-    run(compose_train(*SMALL, "max_steps=320", "ckpt_path=last"), run_dir)  # trained further
+    # trained further, with the settings it was pretrained with (tests/test_learning.py)
+    run(compose_train(*LEARN, "objective=roberta", "max_steps=320", "val_every=300", "ckpt_path=last"), run_dir)
     with pytest.raises(CompareError, match="eval/blimp/seed0.json holds results of another encoder"):
         collect([str(run_dir)])
     with pytest.raises(KeyError, match="unknown evaluation task 'blimpp'; the tasks are: blimp, cola"):

@@ -21,12 +21,11 @@ from tests.conftest import ROOT, SMALL, compose_train
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A finished run (roberta, 4 steps) that tests copy before changing anything in it."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    run(compose_train(*QUICK), out)
-    return out
+@pytest.fixture
+def trained(shared_run) -> Path:
+    """A finished run (roberta, 4 steps), made once per session and read-only: tests copy it before
+    changing anything in it."""
+    return shared_run(*QUICK)[0]
 
 
 def export_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

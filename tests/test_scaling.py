@@ -337,13 +337,15 @@ def test_extending_a_budget_relabels_the_snapshots_of_the_old_one(tmp_path, capl
 DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory) -> dict[int, float]:
-    """The losses of an uninterrupted 2-process run of 40 steps."""
-    out = tmp_path_factory.mktemp("ddp-reference")
-    ref = _start(out, *DDP, "max_steps=40")
-    assert ref.wait() == 0, ref.stderr.read()[-3000:]
-    reference = losses(out)
+@pytest.fixture
+def ddp_reference(once) -> dict[int, float]:
+    """The losses of an uninterrupted 2-process run of 40 steps (made once per session)."""
+
+    def make(out: Path) -> None:
+        ref = _start(out, *DDP, "max_steps=40")
+        assert ref.wait() == 0, ref.stderr.read()[-3000:]
+
+    reference = losses(once("test_scaling-ddp-reference", make))
     assert sorted(reference) == list(range(40))
     return reference
 
@@ -359,6 +361,9 @@ def _resumes_exactly(run_dir: Path, reference: dict[int, float], start: int, *ov
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, ddp_reference):
+    """A 2-process run stopped after its step-20 checkpoint (SIGTERM: it saves and exits 143; SIGKILL: it
+    resumes from its last checkpoint) goes on with the uninterrupted run's losses at every step. Its time
+    is four processes started (two ranks, twice), each importing torch and Lightning."""
     proc = _start(tmp_path / "killed", *DDP, "max_steps=40")
     _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
     proc.send_signal(sig)
@@ -374,12 +379,10 @@ def test_killed_ddp_run_resumes_with_the_uninterrupted_losses(tmp_path, sig, ddp
     _resumes_exactly(tmp_path / "killed", ddp_reference, last, *DDP)
 
 
-@pytest.fixture(scope="module")
-def reference_losses(tmp_path_factory) -> dict[int, float]:
-    """The losses of an uninterrupted one-process run of 40 steps."""
-    out = tmp_path_factory.mktemp("reference")
-    run(compose_train(*RESUME, "max_steps=40"), out)
-    return losses(out)
+@pytest.fixture
+def reference_losses(once) -> dict[int, float]:
+    """The losses of an uninterrupted one-process run of 40 steps (made once per session)."""
+    return losses(once("test_scaling-reference", lambda out: run(compose_train(*RESUME, "max_steps=40"), out)))
 
 
 @pytest.mark.slow

@@ -135,16 +135,19 @@ def shared_layout(root: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """The scaled-down study's inputs, packed once for the module's tests: (data root, archive)."""
+@pytest.fixture
+def packed(once):
+    """The scaled-down study's inputs, packed once per session: (data root, archive), read-only."""
     from pretrainlab.slot.__main__ import main
 
-    root = shared_layout(tmp_path_factory.mktemp("data"))
-    archive = tmp_path_factory.mktemp("inputs") / "inputs.tar.xz"  # a new folder: the module's tests may run apart
-    argv = ["pack", "--data", str(root), "--corpus", str(root / "corpus" / "synthetic"), "--out", str(archive)]
-    assert main([*argv, *SMALL]) == 0
-    return root, archive
+    def make(home: Path) -> None:
+        (home / "data").mkdir()
+        root = shared_layout(home / "data")
+        argv = ["pack", "--data", str(root), "--corpus", str(root / "corpus" / "synthetic"), "--out"]
+        assert main([*argv, str(home / "inputs.tar.xz"), *SMALL]) == 0
+
+    home = once("test_slot-inputs", make)
+    return home / "data", home / "inputs.tar.xz"
 
 
 def test_the_inputs_hold_the_corpus_tokenized_and_the_evaluation_files_as_they_were(packed, tmp_path):

@@ -185,15 +185,13 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A tiny RoBERTa encoder, 300 steps on the synthetic corpus."""
-    from pretrainlab.pretraining.run import run as pretrain
-    from tests.conftest import SMALL, compose_train
+@pytest.fixture
+def pretrained(shared_run):
+    """A tiny RoBERTa encoder as the learning tests pretrain it (300 steps on the synthetic corpus), made
+    once per session and read-only."""
+    from tests.test_learning import train
 
-    out = tmp_path_factory.mktemp("pretrained") / "run"
-    pretrain(compose_train(*SMALL, "max_steps=300", "val_every=300", "checkpoint_every=300"), out)
-    return out
+    return train(shared_run, "roberta", 300)[0]
 
 
 @pytest.mark.slow

@@ -70,16 +70,18 @@ def never(*a, **k):
     raise AssertionError("work was started instead of refused")
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A pretraining run (roberta, 4 steps) with its GLUE suite on RTE, seeds 0 and 1; tests copy it."""
+@pytest.fixture
+def finished(once) -> Path:
+    """A pretraining run (roberta, 4 steps) with its GLUE suite on RTE, seeds 0 and 1, made once per session
+    and read-only; tests copy it."""
     from pretrainlab.studies.suite import run_suite
 
-    out = tmp_path_factory.mktemp("finished") / "run"
-    pretrain(compose_train(*QUICK), out)
-    cfg = suite_cfg(out)
-    run_suite(cfg, ["rte"], [0, 1], None, dict(cfg.task_overrides))
-    return out
+    def make(home: Path) -> None:
+        pretrain(compose_train(*QUICK), home / "run")
+        cfg = suite_cfg(home / "run")
+        run_suite(cfg, ["rte"], [0, 1], None, dict(cfg.task_overrides))
+
+    return once("test_trust-finished", make) / "run"
 
 
 def copy_of(run: Path, tmp_path: Path) -> Path:
