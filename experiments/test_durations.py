@@ -27,14 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("pretraining", "evaluation", "commands")
 
 
-def load(path: Path) -> dict[str, dict]:
+def read(path: Path) -> tuple[list[dict], list[dict]]:
+    """The record's entries: the tests' phases, and the processes tests started (tests/process_record)."""
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    return [e for e in entries if "process" not in e], [e for e in entries if "process" in e]
+
+
+def load(entries: list[dict]) -> dict[str, dict]:
     """Per test: seconds in all and per part, its outcome (the last record of a test that ran twice wins)."""
     tests: dict[str, dict] = defaultdict(lambda: {"seconds": 0.0, **dict.fromkeys(PARTS, 0.0), "outcome": "passed"})
     seen: set[tuple[str, str]] = set()
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if "process" in entry:  # a process a test started (processes())
-            continue
+    for entry in entries:
         key = (entry["test"], entry["when"])
         if key in seen:  # a second run appended to the same file: start that test again
             tests.pop(entry["test"], None)
@@ -49,17 +52,15 @@ def load(path: Path) -> dict[str, dict]:
     return dict(tests)
 
 
-def processes(path: Path) -> dict[str, dict]:
+def processes(entries: list[dict]) -> dict[str, dict]:
     """Per test file: how many Python processes its tests started, their CPU seconds, and how many of them
     imported Lightning."""
     files: dict[str, dict] = defaultdict(lambda: {"count": 0, "cpu": 0.0, "lightning": 0})
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if "process" in entry:
-            f = files[entry["test"].split("::")[0]]
-            f["count"] += 1
-            f["cpu"] += float(entry["cpu"])
-            f["lightning"] += bool(entry.get("lightning"))
+    for entry in entries:
+        f = files[entry["test"].split("::")[0]]
+        f["count"] += 1
+        f["cpu"] += float(entry["cpu"])
+        f["lightning"] += bool(entry.get("lightning"))
     return dict(files)
 
 
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.record.is_file():
         parser.error(f"{args.record}: no such record; run the suite with PRETRAINLAB_TEST_DURATIONS={args.record}")
-    tests = load(args.record)
+    phases, started_processes = read(args.record)
+    tests = load(phases)
     if not tests:
         parser.error(f"{args.record} records no test")
     sys.path.insert(0, str(ROOT / "src"))
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if t["seconds"] > f["slowest"][1]:
             f["slowest"] = (nodeid.split("::", 1)[1], t["seconds"])
     wall = f", {minutes(args.wall)} min of wall-clock" if args.wall else ""
-    started = processes(args.record)
+    started = processes(started_processes)
     count = sum(f["count"] for f in started.values())
     startup = startup_cpu(times=args.startup_samples) if args.startup_samples > 0 else None
     about = (
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             "processes",
             "their CPU",
             "slowest test",
-        ],  # fmt: skip
+        ],
         rows,
         about,
     )

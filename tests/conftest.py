@@ -47,10 +47,11 @@ def pytest_runtest_logreport(report):
 # --- where the suite's time goes (PRETRAINLAB_TEST_DURATIONS=<file>: experiments/test_durations.py reads it) ---
 _PARTS: dict[str, float] = {}
 
-if os.environ.get("PRETRAINLAB_TEST_DURATIONS"):  # the processes tests start record themselves (its docstring)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "tests" / "process_record"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+_PROCESS_RECORD = str(ROOT / "tests" / "process_record")
+if os.environ.get("PRETRAINLAB_TEST_DURATIONS") and _PROCESS_RECORD not in os.environ.get("PYTHONPATH", "").split(
+    os.pathsep
+):  # the processes tests start record themselves (its docstring); xdist's workers inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join([_PROCESS_RECORD, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _record(entry: dict) -> None:
@@ -149,10 +150,11 @@ class Once:
     pytest-xdist worker) gets that folder. One worker makes it, under a file lock in the session's
     folder, while the others wait; what a failed ``make`` left is removed, and the next test that asks
     tries again. The session's folder starts empty: nothing made outlives the code that made it, and
-    a name must say everything the thing is made from (``shared_run`` keys runs by their config's sha256).
+    a name must say everything the thing is made from (``shared_run`` keys runs by their composed config).
+    The folder is made in place, not renamed into place: a run records the directory it was trained in.
 
-    Read-only: when the test ends, everything it was given is compared with its fingerprint (each
-    file's path, size and sha256) and a test that changed it fails, naming what changed. A test that
+    Read-only: when the test ends, everything it was given is compared with what it held when made (each
+    file's path and sha256, read once per version of a file: ``data.hashing.file_digest``) and a test that changed it fails, naming what changed. A test that
     resumes, overwrites or breaks a run makes its own, or copies a shared one first."""
 
     DONE = ".fingerprint.json"
@@ -178,7 +180,7 @@ class Once:
                 except BaseException:
                     shutil.rmtree(home, ignore_errors=True)
                     raise
-                (home / self.DONE).write_text(json.dumps(fingerprint(home)))  # last: it is complete
+                (home / self.DONE).write_text(json.dumps(contents(home)))  # last: it is complete
         self.given.append(home)
         return home
 
@@ -186,7 +188,7 @@ class Once:
         import json
 
         for home in dict.fromkeys(self.given):
-            before, after = json.loads((home / self.DONE).read_text()), fingerprint(home)
+            before, after = json.loads((home / self.DONE).read_text()), contents(home)
             if after != before:
                 changed = sorted(p for p in {*before, *after} if before.get(p) != after.get(p))
                 pytest.fail(
@@ -195,12 +197,12 @@ class Once:
                 )
 
 
-def fingerprint(folder: Path) -> dict[str, str]:
-    """Each file under ``folder`` (relative path; the fingerprint's own file left out) -> size and sha256."""
-    import hashlib
+def contents(folder: Path) -> dict[str, str]:
+    """Each file under ``folder`` (relative path; Once's own record left out) -> its sha256."""
+    from pretrainlab.data.hashing import file_digest
 
     return {
-        str(p.relative_to(folder)): f"{p.stat().st_size}:{hashlib.sha256(p.read_bytes()).hexdigest()}"
+        str(p.relative_to(folder)): file_digest(p)
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != Once.DONE
     }
@@ -219,11 +221,12 @@ def once(shared_cache, request):
 def shared_run(once):
     """``shared_run(*overrides) -> (run_dir, result)``: the pretraining run that ``train`` composed with the
     overrides makes, and what :func:`pretrainlab.pretraining.run.run` returned; made once per session
-    (keyed by the composed config's sha256, so settings spelled differently share a run) and read-only."""
-    import hashlib
+    (keyed by the composed config, so settings spelled differently share a run) and read-only."""
     import json
 
     from omegaconf import OmegaConf
+
+    from pretrainlab.data.hashing import fingerprint
 
     def shared(*overrides: str) -> tuple[Path, dict]:
         cfg = compose_train(*overrides)
@@ -232,10 +235,9 @@ def shared_run(once):
             from pretrainlab.pretraining.run import run
 
             result = run(cfg, home / "run")
-            (home / "settings.txt").write_text("\n".join(overrides) + "\n")
             (home / "result.json").write_text(json.dumps(result, default=str))
 
-        home = once("run-" + hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:16], make)
+        home = once("run-" + fingerprint({"train": OmegaConf.to_yaml(cfg)}), make)
         return home / "run", json.loads((home / "result.json").read_text())
 
     return shared
