@@ -54,13 +54,14 @@ def load(entries: list[dict]) -> dict[str, dict]:
 
 def processes(entries: list[dict]) -> dict[str, dict]:
     """Per test file: how many Python processes its tests started, their CPU seconds, and how many of them
-    imported Lightning."""
-    files: dict[str, dict] = defaultdict(lambda: {"count": 0, "cpu": 0.0, "lightning": 0})
+    imported Lightning themselves (a process forked from a fork server that had imported it did not)."""
+    files: dict[str, dict] = defaultdict(lambda: {"count": 0, "cpu": 0.0, "lightning": 0, "forked": 0})
     for entry in entries:
         f = files[entry["test"].split("::")[0]]
         f["count"] += 1
         f["cpu"] += float(entry["cpu"])
-        f["lightning"] += bool(entry.get("lightning"))
+        f["lightning"] += bool(entry.get("lightning")) and not entry.get("forked")
+        f["forked"] += bool(entry.get("forked"))
     return dict(files)
 
 
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         f"summed over the workers{wall}). Minutes; a test's call split into pretraining in its process, "
         f"evaluations, and commands run in processes of their own (imports, Hydra and the command's work); the "
         f"rest is data, configs, a study's own processes and the checks. The tests started {count} Python "
-        f"processes ({sum(f['lightning'] for f in started.values())} of them imported Lightning), which used "
+        f"processes ({sum(f['lightning'] for f in started.values())} of them imported Lightning; forked from a "
+        f"study's fork server, which had imported it: {sum(f['forked'] for f in started.values())}), which used "
         f"{minutes(sum(f['cpu'] for f in started.values()))} min of CPU"
         + (
             f"; one that imports pretrainlab.pretraining.run (torch, Lightning) and exits takes {startup:.1f} s of "

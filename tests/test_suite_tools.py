@@ -76,14 +76,16 @@ def test_the_record_counts_the_processes_tests_start_by_file_and_the_reports_sho
         "PYTEST_CURRENT_TEST": "tests/test_a.py::t1 (call)",
         "PYTHONPATH": str(ROOT / "tests" / "process_record"),
     }
-    for _ in range(2):
-        subprocess.run([sys.executable, "-c", "sum(range(10**6))"], env=env, check=True)
+    subprocess.run([sys.executable, "-c", "sum(range(10**6))"], env=env, check=True)
+    forks = "import os; pid = os.fork(); sum(range(10**6)); pid and os.waitpid(pid, 0)"  # as a fork server's child
+    subprocess.run([sys.executable, "-c", forks], env=env, check=True)
     started = [json.loads(line) for line in record.read_text().splitlines() if "process" in line]
-    assert [(p["test"], p["process"], p["lightning"]) for p in started] == [("tests/test_a.py::t1", "-c", False)] * 2
+    assert [(p["test"], p["process"], p["lightning"]) for p in started] == [("tests/test_a.py::t1", "-c", False)] * 3
+    assert sorted(p["forked"] for p in started) == [False, False, True]
     assert all(p["cpu"] > 0 and p["wall"] > 0 for p in started)
     no_record = {k: v for k, v in env.items() if k != "PRETRAINLAB_TEST_DURATIONS"}
     subprocess.run([sys.executable, "-c", "pass"], env=no_record, check=True)  # not recording: writes nothing
-    assert len(record.read_text().splitlines()) == 8
+    assert len(record.read_text().splitlines()) == 9
 
     out = tmp_path / "report"
     command = [sys.executable, str(ROOT / "experiments" / "test_durations.py"), str(record), "--report", str(out)]
@@ -93,6 +95,8 @@ def test_the_record_counts_the_processes_tests_start_by_file_and_the_reports_sho
     assert report["columns"][7:9] == ["processes", "their CPU"]
     rows = {row[0]: row for row in report["rows"]}
     assert list(rows) == ["tests/test_a.py", "tests/test_b.py"]  # longest first
-    assert rows["tests/test_a.py"][1:3] == ["1", "0.5"] and rows["tests/test_a.py"][7] == "2"
+    assert rows["tests/test_a.py"][1:3] == ["1", "0.5"] and rows["tests/test_a.py"][7] == "3"
     assert rows["tests/test_b.py"][7:9] == ["0", "0.0"]
-    assert "The tests started 2 Python processes (0 of them imported Lightning)" in report["about"]
+    about = report["about"]
+    assert "The tests started 3 Python processes (0 of them imported Lightning; forked from a " in about, about
+    assert "fork server, which had imported it: 1)" in about

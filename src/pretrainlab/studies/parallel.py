@@ -13,13 +13,15 @@ naming it, its exit status and its log. A SIGTERM or Ctrl-C to the study is pass
 process as one SIGTERM: a pretraining run finishes its optimizer step, saves its checkpoint and
 exits, a fine-tuning run stops without results; the study exits with the command that continues
 it. The processes are started in their own sessions, so that a terminal's Ctrl-C reaches them only
-through the study, once.
+through the study, once. On Linux they are forked from a server that imported torch, Lightning and
+this package once (``studies.forkserver``): each starts in a fraction of a second instead of ten.
 
     python -m pretrainlab.studies.parallel <spec.yaml>   # one piece of work (what the study starts)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +41,7 @@ import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.pretraining import run as pretraining
+from pretrainlab.studies.forkserver import Forked, ForkServer
 from pretrainlab.studies.intrinsic import held_out, intrinsic_row
 from pretrainlab.studies.suite import run_suite
 from pretrainlab.studies.throughput import measure
@@ -136,38 +139,45 @@ def run_parallel(
     work: list[Work], jobs: int, resume_hint: str, tick: Callable[[list[str]], None] | None = None
 ) -> None:
     """Do every piece of ``work``, ``jobs`` processes at a time, each with ``cores() // jobs``
-    threads (at least one). ``tick``: called about twice a second with the names of the work in
-    progress (a coordinator's hook: ``studies.throughput.Windows``)."""
+    threads (at least one), forked from a server that has imported what they need
+    (``studies.forkserver``; on Linux, where processes fork) or started fresh. ``tick``: called about
+    twice a second with the names of the work in progress (a coordinator's hook: ``studies.throughput.Windows``)."""
     threads = max(1, cores() // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     queue = list(work)
-    running: dict[subprocess.Popen, Work] = {}
+    running: dict[subprocess.Popen | Forked, Work] = {}
     failed: list[tuple[Work, int]] = []
-    with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp:
+    server = ForkServer() if sys.platform == "linux" else None
+    with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp, server or contextlib.nullcontext():
         try:
             while queue or running:
                 while queue and len(running) < jobs and not failed:
                     item = queue.pop(0)
                     spec = item.save(Path(tmp) / f"{len(queue)}.yaml", resume_hint)
                     item.log.parent.mkdir(parents=True, exist_ok=True)
-                    with open(item.log, "ab") as out:
-                        proc = subprocess.Popen(
-                            [sys.executable, "-m", "pretrainlab.studies.parallel", str(spec)],
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            env=env,
-                            start_new_session=True,
-                        )
+                    args = ["-m", "pretrainlab.studies.parallel", str(spec)]
+                    proc: subprocess.Popen | Forked
+                    if server is not None:
+                        proc = server.popen(args, item.log, env, os.getcwd())
+                    else:
+                        with open(item.log, "ab") as out:
+                            proc = subprocess.Popen(
+                                [sys.executable, *args],
+                                stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env=env,
+                                start_new_session=True,
+                            )
                     running[proc] = item
                     log.info("%s: started, %d thread(s) (log: %s)", item.name, threads, item.log)
                 time.sleep(0.5)
                 for proc in [p for p in running if p.poll() is not None]:
-                    item = running.pop(proc)
-                    if proc.returncode == 0:
+                    item, code = running.pop(proc), int(proc.returncode or 0)
+                    if code == 0:
                         log.info("%s: done", item.name)
                     else:
-                        failed.append((item, proc.returncode))
-                        log.error("%s failed (exit status %d): see %s", item.name, proc.returncode, item.log)
+                        failed.append((item, code))
+                        log.error("%s failed (exit status %d): see %s", item.name, code, item.log)
                 if failed and not running:
                     break
                 if tick is not None:

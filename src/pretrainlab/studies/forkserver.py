@@ -1,0 +1,290 @@
+"""Start a study's processes without importing torch and Lightning in each: a fork server.
+
+A process of a study (a pretraining run, an evaluation suite, a slot's calibration job) spends its
+first seconds importing torch, Lightning, W&B and this package: about 10 s of CPU on a 2-core machine,
+more than many of its runs' training on a CPU, and a slot starts tens of them. :class:`ForkServer` starts
+one interpreter that imports all of that once, and forks each process from it: the same
+``python -m <module> <args>`` in the study's environment and working directory, with its output in its
+log, in a session of its own, its exit status reported as a process's. The server is a fresh interpreter
+that has only imported (no CUDA, no threads, nothing of the study's process); a process forked from a
+server in which CUDA was initialized anyway starts a fresh interpreter in its place.
+
+    server = ForkServer()
+    with server:
+        proc = server.popen(["-m", "pretrainlab.studies.parallel", "spec.yaml"], log, env, cwd)
+        proc.poll(); proc.send_signal(signal.SIGTERM); proc.wait()
+
+    python -m pretrainlab.studies.forkserver <module to import>...   # the server (what ForkServer starts)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# what a study's process imports: the work's own module (torch, Lightning, the package), and what its
+# runs import when they start (W&B's run, the learning report's tables, the data pipeline's arrow files)
+PRELOAD = ("pretrainlab.studies.parallel", "pretrainlab.data.arrow", "pandas", "wandb", "wandb.sdk.wandb_run")
+
+
+class ForkServerError(RuntimeError):
+    pass
+
+
+class Forked:
+    """A process the server forked, with what the study uses of :class:`subprocess.Popen`."""
+
+    def __init__(self, server: ForkServer, pid: int, args: list[str]):
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server._collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended since: its status is on its way
+                pass
+
+
+class ForkServer:
+    """The client's side: starts the server (``python -m pretrainlab.studies.forkserver``) on first use,
+    forks processes from it, and stops it when closed (after the processes it forked have ended)."""
+
+    def __init__(self, preload: tuple[str, ...] = PRELOAD):
+        self.preload = preload
+        self._proc: subprocess.Popen | None = None
+        self._messages: queue.Queue = queue.Queue()
+        self._forked: dict[int, Forked] = {}
+        self._lock = threading.RLock()
+        self._ready = False
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the server (it imports while the caller goes on; :meth:`popen` waits for it)."""
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pretrainlab.studies.forkserver", *self.preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the study, not the server
+        )
+        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._messages.put(json.loads(line))
+        self._messages.put({"closed": True})
+
+    def _next(self, block: bool) -> dict | None:
+        try:
+            message = self._messages.get(block=block, timeout=None)
+        except queue.Empty:
+            return None
+        if "closed" in message:
+            assert self._proc is not None
+            code = self._proc.wait()
+            for forked in self._forked.values():  # no more news of them: they were the server's children
+                if forked.returncode is None:
+                    forked.returncode = -signal.SIGKILL
+            raise ForkServerError(
+                f"the fork server (python -m pretrainlab.studies.forkserver) ended with exit status {code}"
+            )
+        if "exited" in message:
+            self._forked[message["exited"]].returncode = message["status"]
+        return message
+
+    def _collect(self) -> None:
+        with self._lock:
+            while self._next(block=False) is not None:
+                pass
+
+    def popen(self, args: list[str], log: Path, env: dict[str, str], cwd: str | Path) -> Forked:
+        """``python <args>`` (``-m <module> ...``), forked: ``env`` its environment, ``cwd`` its working
+        directory, its output appended to ``log``."""
+        if args[:1] != ["-m"] or len(args) < 2:
+            raise ValueError(f"{args}: a fork server starts `-m <module> <args>`")
+        self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        with self._lock:
+            while not self._ready:
+                message = self._next(block=True)
+                self._ready = bool(message and "ready" in message)
+            request = {"args": args, "log": str(log), "env": dict(env), "cwd": str(cwd)}
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+            while True:
+                message = self._next(block=True)
+                if message and "forked" in message:
+                    forked = Forked(self, message["forked"], [sys.executable, *args])
+                    self._forked[forked.pid] = forked
+                    return forked
+
+    def close(self) -> None:
+        """Stop the server once every process it forked has ended (closing its input tells it to)."""
+        if self._proc is None:
+            return
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self._proc.wait()
+        self._proc = None
+
+
+# --- the server ---
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter exits with for ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_child(request: dict, private: list[int]) -> None:
+    """In the forked process: become ``python <args>`` as a fresh interpreter would, then exit."""
+    code = 1
+    try:
+        for fd in private:  # the server's pipes to the study
+            os.close(fd)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        os.close(devnull)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # python -m puts its working directory first
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        args = request["args"]
+        torch = sys.modules.get("torch")  # imported by the server, or by the process itself (below) as usual
+        if torch is not None and torch.cuda._is_in_bad_fork():  # CUDA initialized in the server: start afresh
+            os.execv(sys.executable, [sys.executable, *args])
+        if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():  # read at a fresh start
+            torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+        import runpy
+
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        code = _shutdown(code)
+        os._exit(code)
+
+
+def _shutdown(code: int) -> int:
+    """An interpreter's exit: wait for its threads, run its atexit functions, flush its output."""
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = code or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    return code
+
+
+def serve(preload: list[str]) -> None:
+    """Import ``preload`` (a module that is not installed is skipped), then fork a process for each
+    request on standard input (one JSON line: args, log, env, cwd), answering ``{"forked": pid}``, and
+    ``{"exited": pid, "status": code}`` when it ends; on end of input, wait for them and exit."""
+    import importlib
+    import selectors
+
+    loaded = []
+    for name in preload:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError:
+            pass
+    requests, answers = os.dup(0), os.dup(1)
+    os.dup2(2, 1)  # what an import prints goes to the study's console, never into the answers
+    private = [requests, answers]
+
+    def answer(message: dict) -> None:
+        os.write(answers, (json.dumps(message) + "\n").encode())
+
+    answer({"ready": loaded})
+    children: set[int] = set()
+    buffer, open_input = b"", True
+    selector = selectors.DefaultSelector()
+    selector.register(requests, selectors.EVENT_READ)
+    while open_input or children:
+        if open_input and selector.select(timeout=0.1):
+            chunk = os.read(requests, 65536)
+            open_input = bool(chunk)
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _run_child(request, private)
+                children.add(pid)
+                answer({"forked": pid})
+        elif not open_input:
+            time.sleep(0.1)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            answer({"exited": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

@@ -1,0 +1,89 @@
+"""A study's processes forked from a server that imported what they need (studies.forkserver): each is
+the ``python -m <module> <args>`` it stands for, in the study's environment and working directory, with its
+output in its log, in a session of its own, and its exit status as a process's."""
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pretrainlab.studies.forkserver import ForkServer, ForkServerError
+
+CHILD = textwrap.dedent(
+    """
+    import atexit, json, os, sys, threading, time
+
+    def at_exit():
+        with open("atexit.txt", "w") as f:
+            f.write("ran")
+
+    atexit.register(at_exit)
+    print("out", flush=True)
+    print("err", file=sys.stderr, flush=True)
+    late = threading.Thread(target=lambda: (time.sleep(0.3), open("thread.txt", "w").write("joined")))
+    late.start()
+    info = {"argv": sys.argv, "name": __name__, "cwd": os.getcwd(), "env": os.environ.get("STUDY_SETTING"),
+            "sid": os.getsid(0) == os.getpid(), "threads": None}
+    if "torch" in sys.modules:
+        info["threads"] = sys.modules["torch"].get_num_threads()
+    with open("info.json", "w") as f:
+        json.dump(info, f)
+    what = sys.argv[1]
+    if what == "exit":
+        sys.exit(int(sys.argv[2]))
+    if what == "raise":
+        raise ValueError("a bad setting")
+    if what == "sleep":
+        time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def work(tmp_path):
+    (tmp_path / "child_module.py").write_text(CHILD)
+    return tmp_path
+
+
+def test_a_forked_process_is_its_command_in_the_studys_environment_and_folder(work):
+    import json
+
+    env = {**os.environ, "STUDY_SETTING": "42", "OMP_NUM_THREADS": "1"}
+    with ForkServer(preload=("torch",)) as server:
+        proc = server.popen(["-m", "child_module", "ok", "x"], work / "a.log", env, work)
+        assert proc.wait(timeout=60) == 0
+    info = json.loads((work / "info.json").read_text())
+    assert info["argv"][1:] == ["ok", "x"] and info["argv"][0].endswith("child_module.py")
+    assert info["name"] == "__main__" and info["cwd"] == str(work) and info["env"] == "42"
+    assert info["sid"]  # a session of its own: a terminal's Ctrl-C reaches it only through the study
+    assert info["threads"] == 1  # OMP_NUM_THREADS, as a fresh interpreter reads it
+    assert (work / "a.log").read_text().split() == ["out", "err"]
+    # it exited as an interpreter exits: its threads joined, then its atexit functions
+    assert (work / "thread.txt").read_text() == "joined" and (work / "atexit.txt").read_text() == "ran"
+
+
+def test_exit_statuses_are_a_processes_statuses(work):
+    env = dict(os.environ)
+    with ForkServer(preload=()) as server:
+        exits = server.popen(["-m", "child_module", "exit", "3"], work / "exit.log", env, work)
+        raises = server.popen(["-m", "child_module", "raise"], work / "raise.log", env, work)
+        sleeps = server.popen(["-m", "child_module", "sleep"], work / "sleep.log", env, work)
+        assert exits.wait(timeout=60) == 3
+        assert raises.wait(timeout=60) == 1
+        time.sleep(0.5)
+        assert sleeps.poll() is None
+        sleeps.send_signal(signal.SIGTERM)
+        assert sleeps.wait(timeout=60) == -signal.SIGTERM
+    log = (work / "raise.log").read_text()
+    assert "Traceback" in log and "ValueError: a bad setting" in log
+
+
+def test_a_server_that_cannot_start_is_named(work, monkeypatch):
+    (work / "broken_module.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))
+    server = ForkServer(preload=("broken_module",))
+    with pytest.raises(ForkServerError, match="fork server .* ended with exit status 1"):
+        server.popen(["-m", "child_module", "ok"], work / "a.log", dict(os.environ), work)
