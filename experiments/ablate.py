@@ -23,10 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pretrainlab.studies.ablation import (  # here: --help and --cfg answer without loading torch
-        check_arm_names,
-        run_study,
-    )
+    from pretrainlab.studies.ablation import run_study  # here: --help and --cfg answer without loading torch
+    from pretrainlab.studies.arms import check_arm_names
 
     check_arm_names(list(HydraConfig.get().overrides.task))
     run_study(cfg)

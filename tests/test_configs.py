@@ -42,7 +42,7 @@ def test_option_composes_and_instantiates(group, option, tmp_path):
             assert cfg.task.lr > 0 and cfg.task.batch_size > 0 and cfg.task.epochs > 0
         return
     if group == "ablation":  # a published ablation's arms, on top of a study (conf/ablate*.yaml)
-        from pretrainlab.studies.ablation import arm_changes, study_arms
+        from pretrainlab.studies.arms import arm_changes, study_arms
 
         for study in ("ablate", "ablate_quick", "ablate_slot"):
             cfg = compose_config(study, f"+ablation={option}")
@@ -186,11 +186,11 @@ def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
     """conf/ablate_gpu.yaml runs on GPU machines only: every pretraining run it plans composes on one
     GPU in bf16 at its FLOPs budget, each masked LM sees the ~4B tokens its docs state, and every
     evaluation fine-tunes on all training examples on the GPU."""
-    from pretrainlab.studies.ablation import _pretraining_runs, study_tasks
+    from pretrainlab.studies.work import pretraining_runs, study_tasks
 
     cfg = compose_config("ablate_gpu", "corpus=books", "glue_dir=glue", f"output_root={tmp_path}")
     objectives = ["bert", "albert", "roberta", "electra"]
-    planned = _pretraining_runs(cfg, tmp_path / cfg.study, objectives, [0.0625, 0.25])
+    planned = pretraining_runs(cfg, tmp_path / cfg.study, objectives, [0.0625, 0.25])
     assert len(planned) == 4 * 3 and not any(done for *_, done in planned)
     for _, train_cfg, _, _ in planned:
         assert train_cfg.trainer.accelerator == "gpu" and train_cfg.trainer.precision == "bf16-mixed"
@@ -212,10 +212,10 @@ def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
 def test_the_cpu_study_plans_the_masked_lms_with_three_seeds_at_the_budget_its_docs_state(tmp_path):
     """conf/ablate_cpu.yaml: three masked LMs x three seeds, bf16 on the CPU, each to 1.7e14 FLOPs; the
     tokens its comment states follow from the objectives' own FLOPs per token."""
-    from pretrainlab.studies.ablation import _pretraining_runs, study_tasks
+    from pretrainlab.studies.work import pretraining_runs, study_tasks
 
     cfg = compose_config("ablate_cpu", "corpus=books", "glue_dir=glue", f"output_root={tmp_path}")
-    planned = _pretraining_runs(cfg, tmp_path / cfg.study, list(cfg.objectives), [])
+    planned = pretraining_runs(cfg, tmp_path / cfg.study, list(cfg.objectives), [])
     assert sorted(p[0].name for p in planned) == sorted(
         f"{o}-s{s}" for o in ("bert", "albert", "roberta") for s in (0, 1, 2)
     )

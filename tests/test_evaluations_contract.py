@@ -33,7 +33,7 @@ def test_every_task_config_names_an_evaluation_that_keeps_the_contract(name):
 
 
 def test_a_mistyped_task_or_study_entry_or_evaluation_class_is_refused_with_what_there_is(tmp_path):
-    from pretrainlab.studies.ablation import study_tasks
+    from pretrainlab.studies.work import study_tasks
 
     with pytest.raises(base.UnknownEvaluation, match="unknown evaluation task 'sqaud'; the tasks are: blimp, cola"):
         base.get("sqaud")

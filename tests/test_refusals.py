@@ -170,10 +170,11 @@ def test_a_folder_of_text_files_without_an_extension_is_read_as_text(tmp_path, c
 # --- studies -------------------------------------------------------------------------------------------------
 def test_a_data_folder_a_study_preset_would_ignore_is_refused_before_any_pretraining(tmp_path, monkeypatch):
     """ablate_quick reads BLiMP from its synthetic set: a data_dirs.blimp given beside it was ignored in silence."""
+    from pretrainlab.pretraining import run as pretraining
     from pretrainlab.studies import ablation
 
     monkeypatch.setattr(
-        ablation.pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
+        pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
     )
     cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]")
     cfg.data_dirs.blimp = str(tmp_path / "missing")
@@ -185,10 +186,11 @@ def test_a_data_folder_a_study_preset_would_ignore_is_refused_before_any_pretrai
 
 def test_a_studys_squad_folder_is_a_data_dir_like_the_others_and_checked_before_any_pretraining(tmp_path, monkeypatch):
     """data_dirs holds every evaluation data block's folder, SQuAD's too (it once had no key there)."""
+    from pretrainlab.pretraining import run as pretraining
     from pretrainlab.studies import ablation
 
     monkeypatch.setattr(
-        ablation.pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
+        pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
     )
     cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", "evals=[squad]")
     cfg.glue.overrides = [o for o in cfg.glue.overrides if "max_seq_len" not in o]  # SQuAD's windows need more
@@ -200,10 +202,11 @@ def test_a_studys_squad_folder_is_a_data_dir_like_the_others_and_checked_before_
 
 
 def test_a_study_checks_its_evaluation_data_before_any_pretraining(tmp_path, monkeypatch):
+    from pretrainlab.pretraining import run as pretraining
     from pretrainlab.studies import ablation
 
     monkeypatch.setattr(
-        ablation.pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
+        pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
     )
     cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]")
     cfg.glue.overrides = [o for o in cfg.glue.overrides if not o.startswith("glue.source")]

@@ -318,7 +318,8 @@ def test_a_seed_for_every_run_is_refused_and_rows_given_twice_on_the_command_lin
     """``pretrain=[seed=3]`` would train every run with seed 3 under the name of the study's seeds; and
     ``objectives=`` beside ``arms=`` (or ``+ablation=``) once ran the arms and ignored the objectives."""
     from pretrainlab.config import ConfigError
-    from pretrainlab.studies.ablation import check_arm_names, check_study
+    from pretrainlab.studies.ablation import check_study
+    from pretrainlab.studies.arms import check_arm_names
 
     cfg = _arms_study(tmp_path, "objectives=[roberta]")
     cfg.pretrain = [*cfg.pretrain, "seed=3"]
@@ -354,7 +355,7 @@ def test_a_baseline_that_is_not_an_arm_is_refused(tmp_path):
 def test_an_arms_runs_are_named_and_tagged_by_the_arm_in_wandb(tmp_path):
     """Two arms of one objective logged to one W&B group: each run named and tagged by its arm (they
     would otherwise both be <objective>-<model>-s<seed>); a study of objectives keeps the default names."""
-    from pretrainlab.studies.ablation import pretraining_config
+    from pretrainlab.studies.arms import pretraining_config
 
     arms = 'arms={m15: ["objective=roberta"], m30: ["objective=roberta", "objective.mask_rate=0.3"]}'
     cfg = _arms_study(tmp_path, arms, 'pretrain=["logger=wandb"]')
@@ -369,7 +370,7 @@ def test_an_arms_runs_are_named_and_tagged_by_the_arm_in_wandb(tmp_path):
 def test_an_arm_of_another_objective_names_the_objective_and_its_own_settings(tmp_path):
     """RoBERTa Table 2's rows beside BERT's SEGMENT-PAIR: DOC-SENTENCES is RoBERTa with blocks kept in
     one document, a setting BERT does not have; the report says so rather than only 'bert -> roberta'."""
-    from pretrainlab.studies.ablation import arm_changes
+    from pretrainlab.studies.arms import arm_changes
 
     cfg = _arms_study(tmp_path, "+ablation=input_format")
     changes = arm_changes(cfg, ["sentence-pair", "full-sentences", "doc-sentences"], "segment-pair")
@@ -388,7 +389,8 @@ def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
     each tested against the preset's baseline arm with what it changes named."""
     from omegaconf import OmegaConf
 
-    from pretrainlab.studies.ablation import run_study, study_arms
+    from pretrainlab.studies.ablation import run_study
+    from pretrainlab.studies.arms import study_arms
 
     cfg = _arms_study(tmp_path, f"+ablation={preset}", "glue.seeds=[0]", "seeds=[0]")
     OmegaConf.set_struct(cfg, False)

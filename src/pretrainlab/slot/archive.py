@@ -27,9 +27,10 @@ from omegaconf import OmegaConf
 from pretrainlab import atomic
 from pretrainlab.slot.inputs import safe_extract
 from pretrainlab.slot.report import recost, slot_markdown
-from pretrainlab.studies.ablation import report_study, study_tasks
 from pretrainlab.studies.cost import EXPORT_RECORD
 from pretrainlab.studies.intrinsic import learning_curves, learning_report
+from pretrainlab.studies.report import report_study
+from pretrainlab.studies.work import study_tasks
 
 log = logging.getLogger("pretrainlab")
 

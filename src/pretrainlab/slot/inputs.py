@@ -34,7 +34,7 @@ from pretrainlab.data.pipeline import PretrainData
 from pretrainlab.evaluation.base import get, with_data
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.slot.code import code_version
-from pretrainlab.studies.ablation import study_tasks
+from pretrainlab.studies.work import study_tasks
 
 log = logging.getLogger("pretrainlab")
 

@@ -51,6 +51,7 @@ from pretrainlab.slot.inputs import digest, unpack
 from pretrainlab.slot.plan import largest_budget
 from pretrainlab.slot.report import recost, slot_markdown
 from pretrainlab.studies import ablation
+from pretrainlab.studies.arms import check_arm_names, pretraining_config, study_arms
 from pretrainlab.studies.parallel import measure_work, run_parallel
 from pretrainlab.studies.throughput import Windows, read_rates
 
@@ -128,7 +129,7 @@ def compose_study(inputs: Path, seeds: list[int] | None, work: Path, overrides: 
     ``jobs: all`` made the number of encoders it evaluates (every run, and the scratch baseline), so
     that every pretraining run trains at once, as the slot's plan assumes."""
 
-    ablation.check_arm_names(overrides)
+    check_arm_names(overrides)
     located = [f"output_root={work}", f"corpus={inputs / 'corpus'}"]
     if seeds is not None:
         located.insert(0, f"seeds=[{','.join(map(str, seeds))}]")
@@ -137,7 +138,7 @@ def compose_study(inputs: Path, seeds: list[int] | None, work: Path, overrides: 
     located += [f'++data_dirs.{block}="{inputs / block}"' for block in blocks]
     cfg, _ = compose("ablate_slot", [*overrides, *located])
     if cfg.get("jobs") == "all":
-        cfg.jobs = len(ablation.study_arms(cfg)) * len(cfg.seeds) + (1 if cfg.get("scratch") else 0)
+        cfg.jobs = len(study_arms(cfg)) * len(cfg.seeds) + (1 if cfg.get("scratch") else 0)
     return cfg
 
 
@@ -232,12 +233,12 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     probe.budget_flops = 1.0  # replaced by a step count in each job: the budget is what calibration is for
     # every pretraining run is timed, all at once as the study will train them: one job per arm (an arm per
     # objective, unless arms are given), named after it; with several seeds, one per arm and seed (roberta-s1)
-    arms, seeds = list(ablation.study_arms(cfg)), [int(s) for s in cfg.seeds]
+    arms, seeds = list(study_arms(cfg)), [int(s) for s in cfg.seeds]
     first = calibration_jobs(arms, seeds)  # job -> the job of its arm's first seed, which is timed alone for it
     work, names = [], {}
     for arm, seed in ((arm, seed) for seed in seeds for arm in arms):
         job = calibration_job(arm, seed, seeds)
-        train_cfg, _ = ablation.pretraining_config(probe, arm, seed)
+        train_cfg, _ = pretraining_config(probe, arm, seed)
         name = f"calibrating {job}"
         names[name] = job
         kwargs = {
@@ -476,7 +477,7 @@ def run_slot(a: SlotArgs) -> Path:
             (kept or {}).get("budget_flops") or a.budget_flops or planned_from or 1.0  # 1.0: replaced by the plan
         )
         ablation.check_study(checked)
-        runs = len(ablation.study_arms(cfg)) * len(seeds)
+        runs = len(study_arms(cfg)) * len(seeds)
         if int(cfg.jobs) < runs:
             raise ConfigError(
                 f"jobs={cfg.jobs}: the slot trains its {runs} pretraining runs all at once (its plan assumes it); give "
@@ -490,7 +491,7 @@ def run_slot(a: SlotArgs) -> Path:
         kept_s = float(cfg.slot.reserve_s.report)
         stack.enter_context(time_limit(deadline - kept_s, timeline, minutes, kept_s))
         # every process of the slot (calibration, pretraining, evaluation) a client of one MPS daemon
-        first_run, _ = ablation.pretraining_config(checked, next(iter(ablation.study_arms(cfg))), seeds[0])
+        first_run, _ = pretraining_config(checked, next(iter(study_arms(cfg))), seeds[0])
         daemon = stack.enter_context(
             mps.shared(cfg.get("mps", "auto"), int(cfg.get("jobs", 1)), uses_cuda(first_run), study_dir / "logs")
         )

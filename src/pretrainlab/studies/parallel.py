@@ -78,11 +78,16 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+# the kinds of work a study does, in a process of its own (run_parallel), a SLURM job (studies.slurm) or
+# its own process (studies.launch): what each is told is in its spec
+KINDS = ("pretrain", "evaluate", "measure")
+
+
 @dataclass
 class Work:
-    """One process's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then its
-    held-out checks, and a file saying it is done when asked), an encoder's evaluation suite
-    (``kind="suite"``: cfg, tasks, seeds, task_overrides), or a pretraining run's throughput timed in a
+    """One piece of a study's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then
+    its held-out checks, and a file saying it is done when asked), an encoder's evaluation suite
+    (``kind="evaluate"``: cfg, tasks, seeds, task_overrides), or a pretraining run's throughput timed in a
     coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments)."""
 
     name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
@@ -100,6 +105,10 @@ class Work:
         OmegaConf.save(self.cfg, cfg)
         OmegaConf.save(OmegaConf.create({**self.spec, "kind": self.kind, "cfg": str(cfg), "resume": resume_hint}), path)
         return path
+
+    def run(self, resume_hint: str) -> None:
+        """Do it in this process."""
+        do(self.kind, self.cfg, OmegaConf.create({**self.spec, "resume": resume_hint}))
 
 
 CHECKS = ("intrinsic", "held-out", "none")
@@ -132,7 +141,7 @@ def measure_work(name: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Wo
 
 def suite_work(label: str, cfg: DictConfig, tasks: list[str], seeds: list[int], overrides: dict, logs: Path) -> Work:
     spec = {"tasks": list(tasks), "seeds": list(seeds), "task_overrides": overrides}
-    return Work(f"evaluating {label}", "suite", cfg, spec, logs / f"evaluate-{label}.log")
+    return Work(f"evaluating {label}", "evaluate", cfg, spec, logs / f"evaluate-{label}.log")
 
 
 def run_parallel(
@@ -201,8 +210,15 @@ def run_work(spec_path: str | Path) -> None:
     """Do the piece of work a spec (:meth:`Work.save`) describes, in this process: what every process
     of :func:`run_parallel` and every SLURM job of a study (``studies.slurm``) runs."""
     spec = cast(DictConfig, OmegaConf.load(spec_path))
-    cfg = cast(DictConfig, OmegaConf.load(spec.cfg))
-    if spec.kind == "pretrain":
+    kind = "evaluate" if spec.kind == "suite" else str(spec.kind)  # "suite": the specs of earlier versions
+    if kind not in KINDS:
+        raise ValueError(f"{spec_path}: work of kind {spec.kind!r} ({', '.join(KINDS)})")
+    do(kind, cast(DictConfig, OmegaConf.load(spec.cfg)), spec)
+
+
+def do(kind: str, cfg: DictConfig, spec: DictConfig) -> None:
+    """A piece of work of ``kind`` (:data:`KINDS`) with ``cfg`` and what its ``spec`` says."""
+    if kind == "pretrain":
         result = pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
         checks = spec.get("checks") or ("intrinsic" if spec.get("intrinsic", True) else "held-out")  # older specs
         if checks != "none":
@@ -210,12 +226,12 @@ def run_work(spec_path: str | Path) -> None:
             log.info("held-out checks -> %s", Path(spec.run_dir) / "intrinsic.json")
         if spec.get("done"):
             atomic.write_text(Path(spec.run_dir) / spec.done, json.dumps({"global_step": result.get("global_step")}))
-    elif spec.kind == "measure":
+    elif kind == "measure":
         measure(cfg, **plain(spec.kwargs))
-    elif spec.kind == "suite":
+    elif kind == "evaluate":
         run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
     else:
-        raise ValueError(f"{spec_path}: work of kind {spec.kind!r} (pretrain, measure or suite)")
+        raise ValueError(f"work of kind {kind!r} ({', '.join(KINDS)})")
 
 
 def _main(spec_path: str) -> None:

@@ -297,7 +297,7 @@ class SlurmStudy:
             if p.after is not None and states.get(p.after) != "DONE":
                 after = str(self.record[p.after]["job"])
             spec = p.work.save(self.spec_path(p.name), self.resume)
-            kind = "pretrain" if p.work.kind == "pretrain" else "evaluate"
+            kind = p.work.kind  # pretrain or evaluate: the resources of its kind
             job = self.executor(kind, p.name, after).submit(JobWork(str(spec), str(self.done_marker(p.name))))
             attempts = [*self.record.get(p.name, {}).get("attempts", []), str(job.job_id)]
             self.record[p.name] = {"job": str(job.job_id), "kind": kind, "spec": str(spec), "attempts": attempts}
