@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from pretrainlab.evaluation.base import Trained
 from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
@@ -46,6 +47,7 @@ class Trainable(L.LightningModule):
         self.encoder = encoder
         self.optim, self.total_steps = optim, total_steps
         self.history: list[dict] = []
+        self.detail: dict | None = None  # what an evaluation adds to its results beside the metrics (NER's counts)
         self._outputs: dict[int, list] = {}
         self.nonfinite = NonFiniteWatch()
         self.compile_options = compile
@@ -154,21 +156,22 @@ class Job:
 
 
 class Fitting:
-    """The run a fine-tuned evaluation trains in: ``devices`` (devices, batch split, compile) and ``optim``
-    (AdamW with the task's recipe) for the job's module; ``fit(job)`` trains and evaluates it.
+    """The run a fine-tuned evaluation trains in: its recipe's epochs, batch size and learning rate
+    (``evaluation``, the typed task), ``devices`` (devices, batch split, compile) and ``optim`` (AdamW with
+    the task's recipe) for the job's module; ``fit(job)`` trains and evaluates it.
     ``make_logger(eval_examples)``: the run's logger, built once the job knows its dev sets."""
 
     def __init__(
         self,
         cfg: DictConfig,
         script: RunScript,
-        name: str,
+        evaluation: Trained,
         devices: Devices,
         optim: OptimConfig,
         make_logger: Callable[[dict[str, int]], Any],
         resume_hint: str,
     ):
-        self.cfg, self.script, self.name = cfg, script, name
+        self.cfg, self.script, self.recipe, self.name = cfg, script, evaluation, evaluation.name
         self.devices, self.optim = devices, optim
         self.make_logger, self.resume_hint = make_logger, resume_hint
         self.logger: Any = None
@@ -177,21 +180,21 @@ class Fitting:
 
     def steps(self, examples: int) -> tuple[int, int]:
         """(optimizer steps per epoch, in all) for ``examples`` training examples."""
-        per_epoch = math.ceil(examples / self.cfg.task.batch_size)
-        return per_epoch, per_epoch * int(self.cfg.task.epochs)
+        per_epoch = math.ceil(examples / self.recipe.batch_size)
+        return per_epoch, per_epoch * int(self.recipe.epochs)
 
     def fit(self, job: Job) -> dict:
-        """Train ``job`` for ``task.epochs`` and evaluate it after every epoch; the results' shared
+        """Train ``job`` for the recipe's epochs and evaluate it after every epoch; the results' shared
         fields. A signal stops it without results (the run's command continues it); dev metrics that
         are not finite (fine-tuning diverged) are refused."""
-        cfg = self.cfg
+        cfg, epochs = self.cfg, int(self.recipe.epochs)
         module = job.module
-        total_steps = job.steps_per_epoch * cfg.task.epochs
+        total_steps = job.steps_per_epoch * epochs
         self.logger = self.make_logger(job.eval_examples)
         self.stopper = stopper = SaveOnSignal(None)
         trainer: L.Trainer = instantiate(
             cfg.trainer,
-            max_epochs=cfg.task.epochs,
+            max_epochs=epochs,
             default_root_dir=str(self.script.dir),
             logger=self.logger,
             callbacks=[stopper, *self.script.callbacks()],
@@ -203,7 +206,7 @@ class Fitting:
             log_every_n_steps=min(cfg.trainer.get("log_every_n_steps", 10), job.steps_per_epoch),
         )
         stopper.fit(trainer, module, train_dataloaders=job.train_loader, val_dataloaders=job.eval_loaders)
-        if stopper.stopped or (stopper.signum is not None and len(module.history) < cfg.task.epochs):
+        if stopper.stopped or (stopper.signum is not None and len(module.history) < epochs):
             self.script.exit_code = stopper.exit_code  # stopping is always for a signal: signum is set
             stopper.exit(
                 f"fine-tuning of {self.name} (seed {cfg.seed}) stopped at step {trainer.global_step} of "
@@ -216,7 +219,7 @@ class Fitting:
         if diverged:
             raise FloatingPointError(
                 f"{self.name} seed {cfg.seed}: the dev metrics are not finite ({', '.join(f'{k}={v}' for k, v in diverged.items())}"
-                f"): fine-tuning diverged. No results were written; lower task.lr (it is {cfg.task.lr}) or check the "
+                f"): fine-tuning diverged. No results were written; lower task.lr (it is {self.recipe.lr}) or check the "
                 f"encoder."
             )
         self.primary = trainer.is_global_zero
@@ -226,7 +229,7 @@ class Fitting:
             "history": module.history,
             "eval_examples": job.eval_examples,
             **job.fields,
-            **({"detail": module.detail} if getattr(module, "detail", None) else {}),
+            **({"detail": module.detail} if module.detail else {}),
             "steps": trainer.global_step,
         }
 

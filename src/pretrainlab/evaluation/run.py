@@ -61,8 +61,8 @@ def run(
     evaluation.check()
     check_language(str(cfg.pretrained), evaluation)
     fitting = None
-    if evaluation.fine_tuned:  # its batch split and optimizer are checked before anything loads
-        devices = Devices.of(cfg, cfg.task.batch_size, setting="task.batch_size")
+    if isinstance(evaluation, base.Trained) and evaluation.fine_tuned:  # batch split and optimizer, checked now
+        devices = Devices.of(cfg, evaluation.batch_size, setting="task.batch_size")
         fitting = (devices, instantiate(cfg.optim))
     claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
     try:
@@ -124,7 +124,8 @@ def _run(
     fitting = None
     if fitting_setup is not None:
         devices, optim = fitting_setup
-        fitting = Fitting(cfg, script, evaluation.name, devices, optim, make_logger, resume_hint)
+        assert isinstance(evaluation, base.Trained)  # what run() made a fitting for
+        fitting = Fitting(cfg, script, evaluation, devices, optim, make_logger, resume_hint)
     context = base.RunContext.of(cfg)
     try:
         if fitting is not None:
