@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if not tests:
         parser.error(f"{args.record} records no test")
     sys.path.insert(0, str(ROOT / "src"))
-    from pretrainlab.tools.docs import write_table_report
+    from pretrainlab.compare.measurements import write_table_report
 
     total = sum(t["seconds"] for t in tests.values())
     files: dict[str, dict] = defaultdict(

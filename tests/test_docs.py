@@ -235,7 +235,9 @@ def test_the_documentation_site_builds_without_warnings(tmp_path):
 def test_a_tool_reports_table_and_its_conclusion_are_generated_and_checked(tmp_path):
     """A tool's report (bench, the reference tools): its table and its ``about`` line, which carries what
     the tool concluded from the table (the SQuAD reference's difference of means), are both generated."""
-    out = docs.write_table_report(
+    from pretrainlab.compare.measurements import write_table_report
+
+    out = write_table_report(
         tmp_path / "docs" / "results" / "t",
         "A title",
         ["side", "F1"],

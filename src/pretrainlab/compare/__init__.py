@@ -21,6 +21,7 @@ One module per job:
     tables.py       Markdown and CSV
     plots.py        figures
     report.py       write_report: all of the above into one report directory
+    measurements.py a tool's measurements as a report (write_table_report), which the docs cite
 
 Logging a comparison to W&B is ``pretrainlab.runtime.wandb_runs.log_comparison``.
 """

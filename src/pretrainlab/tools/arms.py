@@ -47,6 +47,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
+from pretrainlab.compare.measurements import write_table_report
 from pretrainlab.objectives.learning import ABOVE, PAST
 from pretrainlab.pretraining.learning_log import FILE as LEARNING
 from pretrainlab.pretraining.learning_log import heads, read_rows
@@ -55,7 +56,6 @@ from pretrainlab.runtime.provenance import typed_command
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.signals import TimeUp, deadline, exit_on_signal
 from pretrainlab.studies.parallel import check_jobs, pretraining_work, run_parallel
-from pretrainlab.tools.docs import write_table_report
 
 log = logging.getLogger("pretrainlab")
 

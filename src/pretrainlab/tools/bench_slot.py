@@ -546,7 +546,7 @@ def aggregate(configs: list[Config], results: dict[str, dict], workers: dict) ->
 
 
 def write_report(out: Path, configs, rows: dict, peak: float | None, about: str) -> None:
-    from pretrainlab.tools.docs import write_table_report
+    from pretrainlab.compare.measurements import write_table_report
 
     base = rows.get("today", {}).get("flops_per_s")
     table = []

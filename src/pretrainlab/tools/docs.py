@@ -23,7 +23,7 @@ same, inline::
 Blocks (:data:`BLOCKS`): ``comparison`` (the comparison's main table; ``comparison-full``: all of
 comparison.md), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
-(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: :func:`write_table_report`), ``curves`` (an arms report's
+(the line that says where the numbers come from), ``table`` (a tool's ``report.json``: ``compare.measurements``), ``curves`` (an arms report's
 learning curves: ``pretrainlab.tools.arms``)
 and ``about`` (what that table measured, and what the tool concluded from it, in its own words). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pretrainlab import atomic
+from pretrainlab.compare.measurements import table_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = Path("docs") / "results"
@@ -155,16 +156,13 @@ def _cost(report: Path, link: str) -> str:
 
 
 def _table(report: Path, link: str) -> str:
-    """A tool's report (``report.json``: its columns and rows, as :func:`write_table_report` writes them)."""
-    data = _load(report, "report.json")
-    lines = ["| " + " | ".join(data["columns"]) + " |", "|" + "---|" * len(data["columns"])]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in data["rows"]]
-    return "\n".join(lines)
+    """A tool's report (``report.json``: its columns and rows, as ``compare.measurements`` writes them)."""
+    return table_markdown(_load(report, "report.json"))
 
 
 def _about(report: Path, link: str) -> str:
     """A tool report's ``about``: what its table measured and, where the tool computes it, what it
-    concludes (e.g. the difference of two sides' means), as :func:`write_table_report` wrote it."""
+    concludes (e.g. the difference of two sides' means), as ``compare.measurements`` wrote it."""
     return str(_load(report, "report.json").get("about") or "")
 
 
@@ -185,26 +183,6 @@ def _curves(report: Path, link: str) -> str:
     lines = ["| arm | head | " + " | ".join(f"{s:,}" for s in steps) + " |", "|" + "---|" * (len(steps) + 2)]
     lines += [f"| {a} | {h} | " + " | ".join(c.get(s, "") for s in steps) + " |" for (a, h), c in cells.items()]
     return "\n".join(lines)
-
-
-def write_table_report(out: Path, title: str, columns: list[str], rows: list[list], about: str = "") -> Path:
-    """A tool's measurements as a report docs can cite: ``report.json`` and ``report.md`` (the table,
-    what it measured) and ``provenance.json`` (this process's command, commit, date and device)."""
-    from pretrainlab.runtime.provenance import report_provenance  # lazily: start-up time (module docstring)
-    from pretrainlab.runtime.script import rerun_command  # lazily: start-up time (module docstring)
-
-    out.mkdir(parents=True, exist_ok=True)
-    provenance = report_provenance(rerun_command())
-    atomic.write_text(out / "provenance.json", json.dumps(provenance, indent=2))
-    atomic.write_text(
-        out / "report.json", atomic.json_text({"title": title, "about": about, "columns": columns, "rows": rows}, None)
-    )
-    table = _table(out, "")
-    md = (
-        f"# {title}\n\n{about}\n\n{table}\n\n`{provenance['command']}` ({provenance['date']}, {provenance['device']})\n"
-    )
-    atomic.write_text(out / "report.md", md)
-    return out
 
 
 BLOCKS: dict[str, Callable[[Path, str], str]] = {

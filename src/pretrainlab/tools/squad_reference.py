@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
+from pretrainlab.compare.measurements import write_table_report
 from pretrainlab.evaluation import squad
 from pretrainlab.evaluation.base import of
 from pretrainlab.evaluation.run import run
@@ -41,7 +42,6 @@ from pretrainlab.export.hf import export_hf
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.tools.cli import output_dir, reference_parser
-from pretrainlab.tools.docs import write_table_report
 
 
 def features(tokenizer, examples: list[squad.Example], cfg, train: bool) -> dict:
