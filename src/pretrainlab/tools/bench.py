@@ -5,13 +5,8 @@
     python experiments/bench.py --data path/to/books                    # also time the data pipeline
 
 For every objective and precision it runs a full training step (forward, backward, AdamW) of our
-encoder + objective and of the transformers equivalent on the same batch:
-
-    bert     BertForPreTraining          (MLM + NSP)
-    albert   AlbertForPreTraining        (MLM + SOP; our encoder's shape, unshared layers)
-    roberta  RobertaForMaskedLM
-    electra  ElectraForMaskedLM (generator) + ElectraForPreTraining (discriminator), composed
-
+encoder + objective and of its transformers peer on the same batch (``tools.peers``: BertForPreTraining,
+AlbertForPreTraining, RobertaForMaskedLM, ELECTRA's generator and discriminator composed)
 and prints tokens/s, the ratio ours / HF, MFU (useful model FLOPs per second over this machine's
 matmul peak, measured in the same run with torch.mm in the same dtype) and peak memory. Each side
 runs in its own process, so peak memory (max RSS on CPU, max allocated on CUDA) is its own, and
@@ -39,16 +34,11 @@ import time
 from pathlib import Path
 
 from pretrainlab.runtime.hydra import CONF
+from pretrainlab.tools.peers import PEERS, ElectraPair
 
 ROOT = CONF.parent  # the repository: the workers run there
 VOCAB = 30522
 SPECIAL = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
-HF_CLASSES = {
-    "bert": "BertForPreTraining",
-    "albert": "AlbertForPreTraining",
-    "roberta": "RobertaForMaskedLM",
-    "electra": "ElectraForMaskedLM + ElectraForPreTraining",
-}
 
 
 # --- the machine's matmul peak ---------------------------------------------------------------------------
@@ -134,62 +124,9 @@ def build_ours(objective_name: str, model: str):
     return built.encoder(), built.objective
 
 
-def same_shape(config, vocab_size: int) -> dict:
-    """The arguments of a transformers BERT-family config (``BertConfig``, ``RobertaConfig``, ...) that
-    give our encoder config's shape: widths, depth, heads, positions, segments, dropout, LayerNorm eps."""
-    return dict(
-        vocab_size=vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.intermediate_size,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
-        hidden_dropout_prob=config.hidden_dropout,
-        attention_probs_dropout_prob=config.attention_dropout,
-        layer_norm_eps=config.layer_norm_eps,
-    )
-
-
 def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
-    """The transformers model of the same shape as our encoder config."""
-    import transformers as tf
-
-    common = {**same_shape(config, vocab_size), "attn_implementation": "sdpa"}
-    if objective_name == "bert":
-        return tf.BertForPreTraining(tf.BertConfig(**common))
-    if objective_name == "roberta":
-        return tf.RobertaForMaskedLM(tf.RobertaConfig(**common, pad_token_id=1))
-    if objective_name == "albert":
-        return tf.AlbertForPreTraining(
-            tf.AlbertConfig(
-                **common, embedding_size=config.embedding_size, num_hidden_groups=config.num_layers, inner_group_num=1
-            )
-        )
-    # electra: generator at 1/4 width sharing the embeddings, discriminator
-    g = config.scaled(0.25)
-    gen = tf.ElectraForMaskedLM(
-        tf.ElectraConfig(
-            **{
-                **common,
-                "hidden_size": g.hidden_size,
-                "num_attention_heads": g.num_heads,
-                "intermediate_size": g.intermediate_size,
-            },
-            embedding_size=config.embedding_size,
-        )
-    )
-    disc = tf.ElectraForPreTraining(tf.ElectraConfig(**common, embedding_size=config.embedding_size))
-    gen.electra.embeddings = disc.electra.embeddings  # shared token/position/segment embeddings
-    return _ElectraPair(gen, disc)
-
-
-class _ElectraPair:
-    def __init__(self, gen, disc):
-        import torch
-
-        self.gen, self.disc = gen, disc
-        self.module = torch.nn.ModuleList([gen, disc])
+    """The transformers peer of the same shape as our encoder config (``tools.peers``)."""
+    return PEERS[objective_name].model(config, vocab_size)
 
 
 def hf_labels(batch):
@@ -206,28 +143,14 @@ def hf_step_fn(objective_name: str, model, batch):
 
     ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
     labels = hf_labels(batch)
-    if objective_name == "bert":
-        return lambda: (
-            model(
-                input_ids=ids,
-                token_type_ids=types,
-                attention_mask=mask,
-                labels=labels,
-                next_sentence_label=batch["labels"],
-            ).loss
-        )
-    if objective_name == "albert":
-        return lambda: (
-            model(
-                input_ids=ids,
-                token_type_ids=types,
-                attention_mask=mask,
-                labels=labels,
-                sentence_order_label=batch["labels"],
-            ).loss
-        )
-    if objective_name == "roberta":
-        return lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    peer = PEERS[objective_name]
+    if objective_name != "electra":
+        inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if peer.token_types:
+            inputs["token_type_ids"] = types
+        if peer.pair_label is not None:
+            inputs[peer.pair_label] = batch["labels"]
+        return lambda: model(**inputs).loss
 
     def electra():
         gen_out = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
@@ -286,7 +209,7 @@ class Case:
             self.fn = lambda: objective(encoder, batch).loss
         else:
             hf = build_hf(objective_name, encoder.config)
-            module = hf.module if isinstance(hf, _ElectraPair) else hf
+            module = hf.module if isinstance(hf, ElectraPair) else hf
             module.to(device).train()
             params = [p for p in module.parameters() if p.requires_grad]
             self.fn = hf_step_fn(objective_name, hf, batch)
@@ -542,14 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.objectives is None:  # every objective of conf/objective/ that has a transformers peer
         from pretrainlab.runtime.hydra import options  # lazily: each process's memory (module docstring)
 
-        objectives = [o for o in options("objective") if o in HF_CLASSES]
-        for o in sorted(set(options("objective")) - set(HF_CLASSES)):
+        objectives = [o for o in options("objective") if o in PEERS]
+        for o in sorted(set(options("objective")) - set(PEERS)):
             print(f"{o}: no transformers peer in this benchmark; not measured")
     else:
         objectives = [o for o in args.objectives.split(",") if o]
-    unknown = [o for o in objectives if o not in HF_CLASSES]
+    unknown = [o for o in objectives if o not in PEERS]
     if unknown:
-        parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(HF_CLASSES)}")
+        parser.error(f"unknown objective(s) {', '.join(unknown)}: choose from {', '.join(PEERS)}")
     cells = [(m, p) for m in args.model.split(",") if m for p in args.precision.split(",") if objectives]
     about = f"{args.device} ({hardware}), {torch.get_num_threads()} threads; seq {args.seq_len}, batch {args.batch}"
     for done, (model, precision) in enumerate(cells, 1):
@@ -574,7 +497,9 @@ def write_outputs(args, results: list[dict], about: str) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if args.report and results:
-        from pretrainlab.tools.docs import write_table_report  # lazily: each process's memory (module docstring)
+        from pretrainlab.compare.measurements import (
+            write_table_report,  # lazily: each process's memory (module docstring)
+        )
 
         write_table_report(
             Path(args.report), "Pretraining step: ours against transformers", COLUMNS, table_rows(results), about

@@ -5,12 +5,9 @@ judge both with the same learning checks.
     python experiments/reference.py runs/<run> --steps 2000 --eval-every 250 --out ref.csv
 
 The run's ``config.yaml`` gives the corpus, tokenizer, held-out split, encoder shape, objective and
-optimiser. The reference is the transformers model of the same shape (the one ``bench.py`` times):
-
-    roberta  BertForMaskedLM                  (masked LM, no pair head)
-    bert     BertForPreTraining               (masked LM + next-sentence prediction)
-    albert   AlbertForPreTraining             (masked LM + sentence order; unshared layers)
-    electra  ElectraForMaskedLM generator + ElectraForPreTraining discriminator, embeddings shared
+optimiser. The reference is the objective's transformers peer of the same shape (``tools.peers``, the
+one ``bench.py`` times; for RoBERTa, BertForMaskedLM: its objective on BERT's architecture, as pretrainlab
+runs it).
 
 It is trained on the same examples in the same order with the same masks (pretrainlab's data
 module and collator, same seed), with the run's optimiser settings (AdamW groups, warmup and linear
@@ -44,17 +41,14 @@ from pretrainlab.objectives.electra import ELECTRA
 from pretrainlab.pretraining.assembly import build_model
 from pretrainlab.pretraining.learning_log import FILE, read_rows
 from pretrainlab.pretraining.run import build_budget, build_data
-from pretrainlab.tools.bench import build_hf, hf_labels, same_shape  # the same-shape transformers models
+from pretrainlab.tools.bench import hf_labels
+from pretrainlab.tools.peers import PEERS  # the same-shape transformers models
 
 log = logging.getLogger("pretrainlab")
 
 
 def reference_model(name: str, config, vocab_size: int):
-    if name == "roberta":  # RoBERTa's objective on BERT's architecture, as pretrainlab runs it
-        import transformers as tf
-
-        return tf.BertForMaskedLM(tf.BertConfig(**same_shape(config, vocab_size)))
-    return build_hf(name, config, vocab_size=vocab_size)
+    return PEERS[name].model(config, vocab_size, reference=True)
 
 
 def at_slots(logits: torch.Tensor, batch: dict) -> torch.Tensor:
@@ -72,7 +66,7 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
     positions, originals = batch["mlm_positions"], batch["mlm_labels"]
     shown = ids.gather(1, positions)
     counts: dict = {}
-    if name == "electra":
+    if PEERS[name].heads is None:  # ELECTRA: the generator's sample, then the discriminator
         gen = model.gen(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=hf_labels(batch))
         # the discriminator's input as pretrainlab makes it: a sample at each masked position, at the batch's
         # own uniforms, put in place by ELECTRA.replace
@@ -104,29 +98,21 @@ def masked_heads(name: str, model, ids, types, mask, positions) -> tuple[torch.T
     position by position, so this is the loss and the gradients of the model's full forward with
     labels (``check_masked_heads``) without the full-sequence vocabulary projection, which makes the
     reference's step several times slower than the run's on a small model."""
-    body = model.albert if name == "albert" else model.bert
-    out = body(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    peer = PEERS[name]
+    assert peer.body is not None and peer.heads is not None, f"{name}'s reference computes its own loss"
+    out = getattr(model, peer.body)(input_ids=ids, token_type_ids=types, attention_mask=mask)
     hidden = out[0].gather(1, positions[..., None].expand(-1, -1, out[0].shape[-1]))
-    if name == "roberta":
-        return model.cls(hidden), None
-    if name == "bert":
-        return model.cls.predictions(hidden), model.cls.seq_relationship(out[1])
-    return model.predictions(hidden), model.sop_classifier(out[1])
+    return peer.heads(model, hidden, out[1] if len(out) > 1 else None)
 
 
 def check_masked_heads(objective, model, batch: dict) -> None:
     """Refuse to go on when the masked-positions loss (:func:`loss_and_tally`) is not the transformers
     model's own loss with labels on ``batch``."""
     name = objective.name
-    if name == "electra":
+    peer = PEERS[name]
+    if peer.heads is None:
         return
-    kwargs = (
-        {"next_sentence_label": batch["labels"]}
-        if name == "bert"
-        else {"sentence_order_label": batch["labels"]}
-        if name == "albert"
-        else {}
-    )
+    kwargs = {peer.pair_label: batch["labels"]} if peer.pair_label else {}
     module = model.module if hasattr(model, "module") else model
     rng = torch.get_rng_state()  # dropout draws: both forwards see the same, and training the ones it would have
     with torch.no_grad():
@@ -193,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(cfg, tokens)
     config, objective = model.encoder_config, model.objective
     name = objective.name
-    if name not in ("roberta", "bert", "albert", "electra"):
-        p.error(f"objective {name} has no transformers reference here")
+    if name not in PEERS:
+        p.error(f"objective {name} has no transformers reference here (tools/peers.py: {', '.join(PEERS)})")
     if int(cfg.get("device_batch_size") or cfg.batch_size) != int(cfg.batch_size):
         p.error("the reference trains without gradient accumulation: the run's device_batch_size must equal batch_size")
     datamodule = PretrainDataModule(
