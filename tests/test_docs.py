@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_generated_block_in_the_docs_matches_its_report():
     blocks = [m for f in docs.docs_files(ROOT) for m in docs.BLOCK.finditer(f.read_text(encoding="utf-8"))]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "<!-- report: quick-study comparison -->" in readme and len(blocks) >= 3
+    assert "<!-- report: gpu-slot-s0 comparison -->" in readme and len(blocks) >= 3
     # the reports' index is built and checked like any page (its blocks were once left empty or filled by hand)
     files = docs.docs_files(ROOT)
     assert ROOT / "docs" / "results" / "index.md" in files
@@ -299,7 +299,7 @@ def test_the_published_intervals_are_those_the_report_computed_and_cut_there():
     sst2 = table["cells"]["electra"]["sst2"]["summary"]
     assert sst2["ci"][1] == 100.0 and sst2["cut"] is True
     md = (ROOT / "docs" / "results" / "quick-study" / "comparison.md").read_text()
-    assert "(53.5, 100.0)" in md and "125.9" not in md and "(53.5, 100.0)" in (ROOT / "README.md").read_text()
+    assert "(53.5, 100.0)" in md and "125.9" not in md and "(53.5, 100.0)" in (ROOT / "docs" / "findings.md").read_text()
 
 
 def test_publish_refuses_an_empty_report_a_name_of_a_docs_file_and_a_replacement_its_citations_cannot_read(
@@ -322,7 +322,7 @@ def test_publish_refuses_an_empty_report_a_name_of_a_docs_file_and_a_replacement
         docs.publish(ROOT / "docs" / "results" / "cpu-bench", "index.md", root=root, replace=True)
     assert index.read_text() == before and not list((root / "docs" / "results").glob(".*tmp*"))
     # an arms report in the place of the study the README cites: the README could no longer be built
-    with pytest.raises(docs.DocsError, match="--replace quick-study: README.md cites quick-study"):
+    with pytest.raises(docs.DocsError, match="--replace quick-study: docs/findings.md cites quick-study"):
         docs.publish(ROOT / "docs" / "results" / "gpu-recipe-arms", "quick-study", root=root, replace=True)
     assert (root / "docs" / "results" / "quick-study" / "comparison.json").is_file()
     assert docs.check(root) == []
