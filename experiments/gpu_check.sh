@@ -7,7 +7,7 @@
 #    --compile (both sides); ratios to transformers and MFU against the bf16 peak of the same run
 # 2. train.py at the bench's shape (model=base, roberta, batch 256): the median perf/tokens_per_s,
 #    eager and compiled, to set against the bench's tokens/s for base roberta
-# 3. the CUDA tests (tests/test_cuda.py)
+# 3. the CUDA tests (tests/test_cuda.py, and a process forked from a study's fork server on the GPU)
 # 4. the whole test suite on this machine (in parallel where pytest-xdist is installed), each failure's
 #    traceback written to failures.txt as it happens
 # 5. the kernel profile of the base and mini steps (experiments/profile_step.py), eager and compiled
@@ -50,7 +50,7 @@ else:
 PY
 done
 
-"$PY" -m pytest -q tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt"
+"$PY" -m pytest -q tests/test_cuda.py tests/test_forkserver.py 2>&1 | tee "$OUT/cuda_tests.txt"
 
 parallel=$("$PY" -c "import xdist" 2>/dev/null && echo "-n $(( $(nproc) < 16 ? $(nproc) : 16 ))")
 PRETRAINLAB_TEST_FAILURES="$OUT/failures.txt" "$PY" -m pytest -q -rfE $parallel -p no:cacheprovider tests \

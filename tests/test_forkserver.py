@@ -87,3 +87,17 @@ def test_a_server_that_cannot_start_is_named(work, monkeypatch):
     server = ForkServer(preload=("broken_module",))
     with pytest.raises(ForkServerError, match="fork server .* ended with exit status 1"):
         server.popen(["-m", "child_module", "ok"], work / "a.log", dict(os.environ), work)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def test_a_process_forked_from_the_studys_server_trains_on_the_gpu(work):
+    """The server imports what a study's process does (torch, Lightning, the package) and never initializes
+    CUDA (Lightning's checks are NVML-based): a process forked from it computes on the GPU."""
+    (work / "cuda_module.py").write_text(
+        "import torch\nx = torch.ones(64, 64, device='cuda')\nassert float((x @ x).sum()) == 64.0 ** 3\n"
+        "print(torch.cuda._is_in_bad_fork())\n"
+    )
+    with ForkServer() as server:
+        proc = server.popen(["-m", "cuda_module"], work / "cuda.log", dict(os.environ), work)
+        assert proc.wait(timeout=300) == 0, (work / "cuda.log").read_text()[-3000:]
+    assert (work / "cuda.log").read_text().split()[-1] == "False"

@@ -149,14 +149,15 @@ def run_parallel(
 ) -> None:
     """Do every piece of ``work``, ``jobs`` processes at a time, each with ``cores() // jobs``
     threads (at least one), forked from a server that has imported what they need
-    (``studies.forkserver``; on Linux, where processes fork) or started fresh. ``tick``: called about
+    (``studies.forkserver``; on Linux, unless ``PRETRAINLAB_FORK_SERVER=0``) or started fresh. ``tick``: called about
     twice a second with the names of the work in progress (a coordinator's hook: ``studies.throughput.Windows``)."""
     threads = max(1, cores() // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     queue = list(work)
     running: dict[subprocess.Popen | Forked, Work] = {}
     failed: list[tuple[Work, int]] = []
-    server = ForkServer() if sys.platform == "linux" else None
+    forked = sys.platform == "linux" and os.environ.get("PRETRAINLAB_FORK_SERVER", "1") != "0"
+    server = ForkServer() if forked else None
     with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp, server or contextlib.nullcontext():
         try:
             while queue or running:
