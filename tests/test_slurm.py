@@ -164,11 +164,14 @@ def test_a_pretraining_job_warned_of_its_time_limit_or_requeued_resumes_to_the_u
 
     def release() -> None:
         """A requeued job is held by SLURM for about two minutes before it may start again (then waits
-        for the scheduler's next pass): the test lets it start at once, which changes nothing it checks."""
+        for the scheduler's next pass): the test lets it start sooner, which changes nothing it checks. Not in
+        the second of its requeue: slurmd refuses a job whose credential was made in the second its old one
+        was revoked ("Job credential revoked", whole seconds), and the job fails instead of starting."""
         deadline = time.time() + 120
         while job_state(job) != "PENDING":
             assert time.time() < deadline, job_state(job)
             time.sleep(0.2)
+        time.sleep(2.0)
         subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False, timeout=60)
 
     saved_after(0)
