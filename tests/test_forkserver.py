@@ -101,3 +101,15 @@ def test_a_process_forked_from_the_studys_server_trains_on_the_gpu(work):
         proc = server.popen(["-m", "cuda_module"], work / "cuda.log", dict(os.environ), work)
         assert proc.wait(timeout=300) == 0, (work / "cuda.log").read_text()[-3000:]
     assert (work / "cuda.log").read_text().split()[-1] == "False"
+
+
+def test_a_server_still_importing_is_not_waited_for(work, monkeypatch):
+    """A study stopped (its time limit, a signal) before its first process started stops at once, not
+    after the server's imports (ten seconds and more on a loaded machine)."""
+    (work / "slow_module.py").write_text("import time\ntime.sleep(30)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))
+    server = ForkServer(preload=("slow_module",))
+    started = time.monotonic()
+    server.start()
+    server.close()
+    assert time.monotonic() - started < 10

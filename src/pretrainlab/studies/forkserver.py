@@ -147,14 +147,22 @@ class ForkServer:
                     return forked
 
     def close(self) -> None:
-        """Stop the server once every process it forked has ended (closing its input tells it to)."""
+        """Stop the server: at once when every process it forked has ended (a server still importing is
+        not waited for: a study stopped by its time limit or a signal stops now), else once they have
+        (closing its input tells it to)."""
         if self._proc is None:
             return
         assert self._proc.stdin is not None
         try:
+            self._collect()
+        except ForkServerError:  # it has ended already
+            pass
+        try:
             self._proc.stdin.close()
         except BrokenPipeError:
             pass
+        if all(f.returncode is not None for f in self._forked.values()):
+            self._proc.kill()
         self._proc.wait()
         self._proc = None
 
