@@ -299,7 +299,9 @@ def test_the_published_intervals_are_those_the_report_computed_and_cut_there():
     sst2 = table["cells"]["electra"]["sst2"]["summary"]
     assert sst2["ci"][1] == 100.0 and sst2["cut"] is True
     md = (ROOT / "docs" / "results" / "quick-study" / "comparison.md").read_text()
-    assert "(53.5, 100.0)" in md and "125.9" not in md and "(53.5, 100.0)" in (ROOT / "docs" / "findings.md").read_text()
+    assert (
+        "(53.5, 100.0)" in md and "125.9" not in md and "(53.5, 100.0)" in (ROOT / "docs" / "findings.md").read_text()
+    )
 
 
 def test_publish_refuses_an_empty_report_a_name_of_a_docs_file_and_a_replacement_its_citations_cannot_read(
