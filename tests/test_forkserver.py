@@ -65,6 +65,17 @@ def test_a_forked_process_is_its_command_in_the_studys_environment_and_folder(wo
     assert (work / "thread.txt").read_text() == "joined" and (work / "atexit.txt").read_text() == "ran"
 
 
+def test_a_module_the_server_imported_runs_as_main_as_under_python_m(work, monkeypatch):
+    """The work's module is among what the server imports (studies.parallel is): it runs as ``__main__``
+    without runpy's warning that it was imported before (it once opened every study process's log)."""
+    (work / "quiet_module.py").write_text("print('ran as', __name__)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))
+    with ForkServer(preload=("quiet_module",)) as server:
+        proc = server.popen(["-m", "quiet_module"], work / "q.log", dict(os.environ), work)
+        assert proc.wait(timeout=60) == 0
+    assert (work / "q.log").read_text() == "ran as __main__\n"
+
+
 def test_exit_statuses_are_a_processes_statuses(work):
     env = dict(os.environ)
     with ForkServer(preload=()) as server:

@@ -99,7 +99,10 @@ class ForkServer:
 
     def _read(self, stream) -> None:
         for line in stream:
-            self._messages.put(json.loads(line))
+            try:
+                self._messages.put(json.loads(line))
+            except ValueError:  # not an answer: something the server printed, shown as it is
+                sys.stderr.write(line.decode(errors="replace"))
         self._messages.put({"closed": True})
 
     def _next(self, block: bool) -> dict | None:
@@ -209,6 +212,7 @@ def _run_child(request: dict, private: list[int]) -> None:
         import runpy
 
         sys.argv = [args[1], *args[2:]]
+        sys.modules.pop(args[1], None)  # as under python -m: the module runs as __main__, not a second time
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
@@ -252,6 +256,9 @@ def serve(preload: list[str]) -> None:
     import importlib
     import selectors
 
+    requests, answers = os.dup(0), os.dup(1)
+    os.dup2(2, 1)  # what an import prints goes to the study's console, never into the answers
+    private = [requests, answers]
     loaded = []
     for name in preload:
         try:
@@ -259,9 +266,6 @@ def serve(preload: list[str]) -> None:
             loaded.append(name)
         except ImportError:
             pass
-    requests, answers = os.dup(0), os.dup(1)
-    os.dup2(2, 1)  # what an import prints goes to the study's console, never into the answers
-    private = [requests, answers]
 
     def answer(message: dict) -> None:
         os.write(answers, (json.dumps(message) + "\n").encode())
