@@ -124,3 +124,17 @@ def test_a_server_still_importing_is_not_waited_for(work, monkeypatch):
     server.start()
     server.close()
     assert time.monotonic() - started < 10
+
+
+def test_the_startup_bench_times_both_ways_and_writes_its_report(tmp_path, capsys):
+    """experiments/bench_startup.py: the same processes started fresh and forked, each way's wall-clock and
+    CPU and their ratio, as a report docs can publish (here with a light module, its time is not the point)."""
+    import json
+
+    from pretrainlab.tools.bench_startup import main
+
+    assert main(["--processes", "2", "--module", "this", "--preload", "json", "--report", str(tmp_path / "r")]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [row[0] for row in report["rows"]] == ["fresh", "forked (server included)"]
+    assert all(row[1] == 2 and float(row[3]) > 0 for row in report["rows"])
+    assert "Fresh / forked: CPU " in report["about"] and "Fresh / forked" in capsys.readouterr().out
