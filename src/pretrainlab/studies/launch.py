@@ -23,7 +23,6 @@ from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.studies.parallel import Work, check_jobs, pretraining_work, run_parallel, suite_work
 from pretrainlab.studies.slurm import Planned, SlurmError, SlurmStudy, check_cluster, run_slurm
 from pretrainlab.studies.slurm import resources as slurm_resources
-from pretrainlab.studies.suite import plan_suite
 from pretrainlab.studies.work import StudyWork, held_out_checks, suite_label
 
 log = logging.getLogger("pretrainlab")
@@ -144,9 +143,9 @@ def slurm_jobs(study: StudyWork) -> list[Planned]:
         for encoder, init in encoders:
             gcfg = study.suite_cfg(encoder, init)
             overrides = plain(gcfg.task_overrides)
-            if (encoder / "config.json").is_file() or (encoder / "encoder" / "config.json").is_file():
-                if all(job.done is not None for job in plan_suite(gcfg, study.tasks, study.seeds, None, overrides)[1]):
-                    continue
+            exists = (encoder / "config.json").is_file() or (encoder / "encoder" / "config.json").is_file()
+            if exists and study.finished(gcfg):
+                continue
             label = suite_label(root, encoder, init)
             work = suite_work(label, gcfg, study.tasks, study.seeds, overrides, root / "logs")
             planned.append(Planned(f"evaluate-{label}", work, name if run_dir in pending else None))

@@ -40,8 +40,6 @@ def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
     """Every evaluation's settings and data files, as its runs will read them (synthetic sets generated
     into the cache), before the first pretraining run: a missing or mistyped data folder ends the study
     now, not after hours of pretraining."""
-    from omegaconf import OmegaConf
-
     for name in tasks:
         run_cfg = suite.copy()
         OmegaConf.set_struct(run_cfg, False)
@@ -192,12 +190,19 @@ class StudyWork:
             (suite_label(self.root, encoder, init), self.suite_cfg(encoder, init)) for encoder, init in self.encoders()
         ]
 
+    def finished(self, suite: DictConfig) -> bool:
+        """Whether every (task, seed) of an encoder's suite has its result."""
+        return all(
+            job.done is not None
+            for job in plan_suite(suite, self.tasks, self.seeds, None, plain(suite.task_overrides))[1]
+        )
+
     def unfinished(self, suites: list[tuple[str, DictConfig]]) -> list[Work]:
         """The work of each of ``suites`` with a (task, seed) not done yet."""
         return [
             suite_work(label, g, self.tasks, self.seeds, plain(g.task_overrides), self.root / "logs")
             for label, g in suites
-            if any(job.done is None for job in plan_suite(g, self.tasks, self.seeds, None, plain(g.task_overrides))[1])
+            if not self.finished(g)
         ]
 
     def encoders(self) -> list[tuple[Path, str]]:

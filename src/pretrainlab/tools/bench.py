@@ -124,11 +124,6 @@ def build_ours(objective_name: str, model: str):
     return built.encoder(), built.objective
 
 
-def build_hf(objective_name: str, config, vocab_size: int = VOCAB):
-    """The transformers peer of the same shape as our encoder config (``tools.peers``)."""
-    return PEERS[objective_name].model(config, vocab_size)
-
-
 def hf_labels(batch):
     """Our (batch, slots) masked positions as transformers' (batch, seq) MLM labels: the masked
     positions' original ids, -100 elsewhere (the empty slots carry -100 and point at [CLS])."""
@@ -208,7 +203,7 @@ class Case:
             params = [p for m in (encoder, objective) for p in m.parameters() if p.requires_grad]
             self.fn = lambda: objective(encoder, batch).loss
         else:
-            hf = build_hf(objective_name, encoder.config)
+            hf = PEERS[objective_name].model(encoder.config, VOCAB)  # its transformers peer (tools.peers)
             module = hf.module if isinstance(hf, ElectraPair) else hf
             module.to(device).train()
             params = [p for p in module.parameters() if p.requires_grad]
