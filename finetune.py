@@ -6,7 +6,7 @@
     python finetune.py pretrained=runs/<run> task=rte init=scratch              # the no-pretraining baseline
 
 Configs: conf/finetune.yaml and conf/task/. Results: <run dir>/results.json. For a whole suite
-(several tasks and seeds, resumable) use experiments/glue.py.
+(several tasks and seeds, resumable) use experiments/suite.py.
 """
 
 import hydra

@@ -1,10 +1,10 @@
-"""A pretraining-objective ablation from one command: pretrain -> GLUE suite -> comparison.
+"""A pretraining-objective ablation from one command: pretrain -> evaluation suite -> comparison.
 
     python experiments/ablate.py                              # all four objectives (conf/ablate.yaml)
     python experiments/ablate.py --config-name ablate_quick   # a small offline study (synthetic data)
     python experiments/ablate.py study=mine objectives=[roberta,electra] \\
         'pretrain=["model=tiny","max_steps=300"]' \\
-        'glue.overrides=["glue.source=synthetic"]' glue.seeds=[0,1]
+        'suite.overrides=["glue.source=synthetic"]' suite.seeds=[0,1]
 
 Resumable: re-run the same command and finished pretraining runs and (task, seed) pairs are
 skipped. Output: runs/studies/<study>/ (pretrain/<objective>-s<seed>/, report/).

@@ -76,7 +76,7 @@ PRIMARY = sorted(y.stem for y in CONF.glob("*.yaml"))
 def test_every_entry_point_config_composes(name):
     cfg = compose_config(name)
     assert cfg is not None and len(cfg) > 0
-    assert set(PRIMARY) >= {"train", "finetune", "glue", "ablate", "ablate_quick"}
+    assert set(PRIMARY) >= {"train", "finetune", "suite", "ablate", "ablate_quick"}
 
 
 def test_unknown_choice_lists_the_valid_ones():
@@ -110,7 +110,7 @@ def test_every_example_in_the_entry_points_docstrings_composes():
         "train.py": "train",
         "finetune.py": "finetune",
         "experiments/ablate.py": "ablate",
-        "experiments/glue.py": "glue",
+        "experiments/suite.py": "suite",
     }
     checked = 0
     for script, default in scripts.items():
@@ -129,7 +129,7 @@ def test_every_example_in_the_entry_points_docstrings_composes():
             args = [a for a in args if a != "-m"]
             if "-m" in shlex.split(line):  # multirun sweeps: compose the first value of each list
                 args = [a.split(",")[0] if "=" in a and "[" not in a else a for a in args]
-            if name in ("finetune", "glue") and not any(a.startswith("pretrained=") for a in args):
+            if name in ("finetune", "suite") and not any(a.startswith("pretrained=") for a in args):
                 args.append("pretrained=x")
             if name == "ablate_local":
                 args += ["corpus=x", "glue_dir=y"]
@@ -205,8 +205,8 @@ def test_the_one_gpu_recipe_plans_every_run_on_the_gpu_at_its_budget(tmp_path):
         budget_tokens = train_cfg.budget.flops / obj.flops_per_token(encoder_config, train_cfg.max_seq_len)
         assert (3.0e9 < budget_tokens < 3.6e9) if obj.name == "electra" else (4.0e9 < budget_tokens < 4.4e9)
     assert study_tasks(cfg) == ["cola", "sst2", "mrpc", "stsb", "rte", "ner", "blimp", "probe_ner", "probe_sst2"]
-    glue = compose_config("glue", "pretrained=x", *cfg.glue.overrides)
-    assert glue.glue.max_train_examples is None and glue.trainer.accelerator == "gpu"
+    suite = compose_config("suite", "pretrained=x", *cfg.suite.overrides)
+    assert suite.glue.max_train_examples is None and suite.trainer.accelerator == "gpu"
 
 
 def test_the_cpu_study_plans_the_masked_lms_with_three_seeds_at_the_budget_its_docs_state(tmp_path):

@@ -499,7 +499,7 @@ def test_evaluation_results_are_protected_and_compared_like_glue(encoders, tmp_p
     shutil.copytree(encoders["roberta"], run_dir)
     data = tmp_path / "blimp"
     shutil.copytree(SyntheticPairs(pairs=50).write(tmp_path / "cache"), data)
-    cfg = compose_config("glue", f"pretrained={run_dir}", *EVAL, "blimp.source=local", f"blimp.data_dir={data}")
+    cfg = compose_config("suite", f"pretrained={run_dir}", *EVAL, "blimp.source=local", f"blimp.data_dir={data}")
     results = run_suite(cfg, ["blimp", "probe_sst2"], [0, 1], None, {})
     assert [(r["task"], r["seed"]) for r in results] == [("blimp", 0), ("probe_sst2", 0), ("probe_sst2", 1)]
     assert (run_dir / "eval" / "blimp" / "seed0.json").is_file() and not (

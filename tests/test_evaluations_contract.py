@@ -40,8 +40,8 @@ def test_a_mistyped_task_or_study_entry_or_evaluation_class_is_refused_with_what
     cfg = compose_config("ablate", "evals=[glue,probez]")
     with pytest.raises(base.UnknownEvaluation, match="evals: 'probez' is not an evaluation; choose among .*probes"):
         study_tasks(cfg)
-    assert study_tasks(compose_config("ablate", "evals=[blimp,squad]", "glue.tasks=[rte]")) == ["blimp", "squad"]
-    assert study_tasks(compose_config("ablate", "evals=[glue,probes]", "glue.tasks=[sst2,rte]")) == [
+    assert study_tasks(compose_config("ablate", "evals=[blimp,squad]", "suite.glue_tasks=[rte]")) == ["blimp", "squad"]
+    assert study_tasks(compose_config("ablate", "evals=[glue,probes]", "suite.glue_tasks=[sst2,rte]")) == [
         "sst2",
         "rte",
         "probe_ner",
@@ -64,6 +64,44 @@ def test_a_mistyped_task_or_study_entry_or_evaluation_class_is_refused_with_what
     }
     with pytest.raises(base.UnknownEvaluation, match="rte.yaml: .*learning_rate"):  # not a key of its recipe
         base.instantiate(OmegaConf.create({**recipe, "learning_rate": 2e-5}), "conf/task/rte.yaml")
+
+
+def test_a_studys_suite_under_its_old_name_glue_is_read_as_its_suite_with_a_warning(caplog):
+    """``glue.tasks``, ``glue.seeds`` and ``glue.overrides``, the suite block's names before the suite was
+    named for what it is, still work (from a command line, a user's config or an earlier slot's recorded
+    settings): the warning names the new keys, and the study reads the same suite."""
+    import logging
+    import subprocess
+    import sys
+
+    from pretrainlab.studies.work import study_tasks
+
+    old = compose_config(
+        "ablate", "glue.tasks=[rte,cola]", "glue.seeds=[3]", 'glue.overrides=["glue.source=synthetic"]'
+    )
+    new = compose_config(
+        "ablate", "suite.glue_tasks=[rte,cola]", "suite.seeds=[3]", 'suite.overrides=["glue.source=synthetic"]'
+    )
+    with caplog.at_level(logging.WARNING, logger="pretrainlab"):
+        assert study_tasks(new) == ["rte", "cola"]
+        assert not caplog.records  # the new names: nothing to say
+        assert study_tasks(old) == ["rte", "cola"]
+    assert "glue.tasks, glue.seeds, glue.overrides" in caplog.text, caplog.text
+    assert "suite.glue_tasks, suite.seeds, suite.overrides" in caplog.text
+    assert OmegaConf.to_container(old) == OmegaConf.to_container(new)  # the old block is gone, its values moved
+    recorded = OmegaConf.create(
+        {"evals": ["glue", "blimp"], "glue": {"tasks": ["sst2"], "seeds": [0, 1], "overrides": []}}
+    )
+    assert study_tasks(recorded) == ["sst2", "blimp"] and list(recorded.suite.seeds) == [0, 1]
+    # the one-encoder script and its config under their old names
+    shown = subprocess.run(
+        [sys.executable, "experiments/glue.py", "pretrained=x", "seeds=[4]", "--cfg", "job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "old name of experiments/suite.py" in shown.stderr and "seeds:\n- 4" in shown.stdout
 
 
 def test_no_module_outside_an_evaluations_own_names_it():

@@ -367,7 +367,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
 
     tasks, seeds = ["cola", "mrpc", "stsb", "mnli"], [0, 1]
     for init in ("pretrained", "scratch"):
-        cfg = compose_config("glue", f"pretrained={pretrained_run}", f"init={init}", *FAST)
+        cfg = compose_config("suite", f"pretrained={pretrained_run}", f"init={init}", *FAST)
         results = suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))
         assert len(results) == len(tasks) * len(seeds)
     out = os.path.join(pretrained_run, "glue")
@@ -385,17 +385,17 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
         raise AssertionError("a finished (task, seed) was run again")
 
     monkeypatch.setattr("pretrainlab.evaluation.run.run", fail)
-    cfg = compose_config("glue", f"pretrained={pretrained_run}", *FAST)
+    cfg = compose_config("suite", f"pretrained={pretrained_run}", *FAST)
     assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
     # the same encoder named by its export directory is the same; results of another are not mixed in
-    same = compose_config("glue", f"pretrained={pretrained_run}/encoder", *FAST)
+    same = compose_config("suite", f"pretrained={pretrained_run}/encoder", *FAST)
     assert len(suite.run_suite(same, tasks, seeds, out, dict(cfg.task_overrides))) == 8
-    other = compose_config("glue", f"pretrained={pretrained_run}", "init=scratch", *FAST)
+    other = compose_config("suite", f"pretrained={pretrained_run}", "init=scratch", *FAST)
     with pytest.raises(ValueError, match="Use another output_dir"):
         suite.run_suite(other, tasks, seeds, out, dict(cfg.task_overrides))
     # nor results fine-tuned with other settings: another recipe, other data
     for change in ("task_overrides.lr=1.0e-3", "glue.synthetic.unseen_words=0.5", "glue.group_by_length=true"):
-        other = compose_config("glue", f"pretrained={pretrained_run}", *FAST, change)
+        other = compose_config("suite", f"pretrained={pretrained_run}", *FAST, change)
         with pytest.raises(
             ValueError,
             match=r"other settings \((task.lr|glue.synthetic.unseen_words|"
@@ -409,7 +409,7 @@ def test_suite_and_comparison_end_to_end(pretrained_run, tmp_path, monkeypatch):
     del done["config"]["glue"]["group_by_length"]  # random batches before the setting
     open(path, "w").write(json.dumps(done))
     assert len(suite.run_suite(cfg, tasks, seeds, None, dict(cfg.task_overrides))) == 8
-    grouped = compose_config("glue", f"pretrained={pretrained_run}", *FAST, "glue.group_by_length=true")
+    grouped = compose_config("suite", f"pretrained={pretrained_run}", *FAST, "glue.group_by_length=true")
     with pytest.raises(ValueError, match=r"glue.group_by_length: False then, True now"):
         suite.run_suite(grouped, tasks, seeds, None, dict(grouped.task_overrides))
 
@@ -446,7 +446,7 @@ def test_results_of_an_encoder_that_was_replaced_are_not_reported_as_the_new_one
     quick = [*SMALL, "max_steps=3", "val_every=3", "checkpoint_every=3"]
     run(compose_train(*quick), tmp_path / "run")
     run(compose_train(*quick, "seed=1"), tmp_path / "other")
-    cfg = compose_config("glue", f"pretrained={tmp_path / 'run'}", *FAST, "glue.synthetic.scale=0.05")
+    cfg = compose_config("suite", f"pretrained={tmp_path / 'run'}", *FAST, "glue.synthetic.scale=0.05")
     first = suite.run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
     assert first[0]["pretrained"]["encoder_id"] == first[0]["pretrained"]["weights_sha256"]
     shutil.rmtree(tmp_path / "run" / "encoder")  # the directory now holds another encoder

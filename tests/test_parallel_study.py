@@ -30,9 +30,9 @@ def study_overrides(tmp_path: Path, pretrain: list[str], *extra: str) -> list[st
         "objectives=[roberta,bert]",
         "seeds=[0]",
         f"pretrain={quoted([*SMALL, 'data.num_documents=200', *pretrain])}",
-        "glue.tasks=[rte]",
-        "glue.seeds=[0]",
-        f"glue.overrides={quoted(glue)}",
+        "suite.glue_tasks=[rte]",
+        "suite.seeds=[0]",
+        f"suite.overrides={quoted(glue)}",
         "intrinsic=false",
         *extra,
     ]

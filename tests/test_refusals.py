@@ -193,7 +193,7 @@ def test_a_studys_squad_folder_is_a_data_dir_like_the_others_and_checked_before_
         pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
     )
     cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", "evals=[squad]")
-    cfg.glue.overrides = [o for o in cfg.glue.overrides if "max_seq_len" not in o]  # SQuAD's windows need more
+    cfg.suite.overrides = [o for o in cfg.suite.overrides if "max_seq_len" not in o]  # SQuAD's windows need more
     cfg.data_dirs.squad = str(tmp_path / "no-squad-here")
     with pytest.raises(
         ConfigError, match=r"evaluation squad of the study \(checked before any pretraining\).*no-squad-here"
@@ -209,7 +209,7 @@ def test_a_study_checks_its_evaluation_data_before_any_pretraining(tmp_path, mon
         pretraining, "run", lambda *a, **k: pytest.fail("pretraining started before the inputs were checked")
     )
     cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]")
-    cfg.glue.overrides = [o for o in cfg.glue.overrides if not o.startswith("glue.source")]
+    cfg.suite.overrides = [o for o in cfg.suite.overrides if not o.startswith("glue.source")]
     cfg.data_dirs.glue = str(tmp_path / "no-glue-here")
     with pytest.raises(
         ConfigError, match=r"evaluation cola of the study \(checked before any pretraining\).*no-glue-here"

@@ -26,8 +26,8 @@ SMALL = [
     "precision=32-true",
     "compile=false",  # on a GPU too: a compile per process would take the scaled-down slot's whole window
     "objectives=[roberta,bert]",
-    "glue.tasks=[sst2]",
-    "glue.seeds=[0]",
+    "suite.glue_tasks=[sst2]",
+    "suite.seeds=[0]",
     "slot.reserve_s.evaluation=40",  # two encoders at once, then scratch, on a busy CPU
     "slot.reserve_s.report=5",
     "slot.startup_s=2",
@@ -508,7 +508,7 @@ def test_a_slots_seeds_come_from_its_study_or_the_command_line_and_every_run_tra
         (["jobs=1"], "jobs=1: the slot trains its 2 pretraining runs all at once (its plan assumes it); give jobs=2"),
         (["baseline=electra"], "baseline='electra' is not a row of this study: name one of roberta, bert, scratch"),
         (["lr=-1"], "pretraining run roberta-s0 of the study: optim.lr=-1: must be positive"),
-        (["glue.tasks=[colaa]"], "unknown evaluation task 'colaa'"),
+        (["suite.glue_tasks=[colaa]"], "unknown evaluation task 'colaa'"),
         (['arms={a: ["objective=roberta"], a: ["objective=bert"]}'], "arms: a named twice"),
         (
             ['arms={a: ["objective=roberta"], b: ["objective=roberta"]}', "baseline=a"],

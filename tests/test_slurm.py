@@ -61,9 +61,9 @@ def study(tmp_path: Path, name: str, steps: int = 30, *extra: str) -> list[str]:
         "objectives=[roberta,bert]",
         "seeds=[0,1]",
         f"pretrain={quoted(pretrain)}",
-        "glue.tasks=[rte]",
-        "glue.seeds=[0]",
-        f"glue.overrides={quoted(glue)}",
+        "suite.glue_tasks=[rte]",
+        "suite.seeds=[0]",
+        f"suite.overrides={quoted(glue)}",
         "intrinsic=false",
         *extra,
     ]

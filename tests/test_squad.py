@@ -241,10 +241,10 @@ def test_squad_is_a_column_of_a_studys_comparison_with_its_baseline(tmp_path):
             "seeds=[0]",
             f"pretrain={quoted(pretrain)}",
             "evals=[squad]",
-            "glue.seeds=[0,1]",
+            "suite.seeds=[0,1]",
             "baseline=scratch",
             "intrinsic=false",
-            f"glue.overrides={quoted(glue)}",
+            f"suite.overrides={quoted(glue)}",
         )
     )
     assert table["tasks"] == ["squad"] and table["labels"] == ["roberta", "scratch"]

@@ -33,11 +33,11 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
         "objectives=[roberta,electra]",
         "seeds=[0,1]",
         f"pretrain={quoted(pretrain)}",
-        "glue.tasks=[rte,cola]",
-        "glue.seeds=[0]",
+        "suite.glue_tasks=[rte,cola]",
+        "suite.seeds=[0]",
         "snapshots=[0.5]",
         "baseline=roberta",
-        f"glue.overrides={quoted(glue)}",
+        f"suite.overrides={quoted(glue)}",
         # ELECTRA at a learning rate too small to learn anything in this budget: its runs are the
         # ones the report must name as not yet learned
         f"+objective_overrides.electra={quoted(['optim.lr=1.0e-6'])}",
@@ -204,11 +204,11 @@ def test_a_study_reports_every_evaluation_with_intervals_and_tests(tmp_path):
             "seeds=[0]",
             "intrinsic=false",
             "evals=[glue,ner,blimp,probes]",
-            "glue.tasks=[sst2]",
-            "glue.seeds=[0,1]",
+            "suite.glue_tasks=[sst2]",
+            "suite.seeds=[0,1]",
             "baseline=scratch",
             f"pretrain={quoted(pretrain)}",
-            f"glue.overrides={quoted(glue)}",
+            f"suite.overrides={quoted(glue)}",
         )
     )
     report = tmp_path / "evals" / "report"
@@ -245,9 +245,9 @@ def _arms_study(tmp_path, *extra):
         "study=arms",
         f"output_root={tmp_path}",
         f"pretrain={quoted(pretrain)}",
-        "glue.tasks=[rte]",
-        "glue.seeds=[0,1]",
-        f"glue.overrides={quoted(glue)}",
+        "suite.glue_tasks=[rte]",
+        "suite.seeds=[0,1]",
+        f"suite.overrides={quoted(glue)}",
         "intrinsic=false",
         *extra,
     )
@@ -392,7 +392,7 @@ def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
     from pretrainlab.studies.ablation import run_study
     from pretrainlab.studies.arms import study_arms
 
-    cfg = _arms_study(tmp_path, f"+ablation={preset}", "glue.seeds=[0]", "seeds=[0]")
+    cfg = _arms_study(tmp_path, f"+ablation={preset}", "suite.seeds=[0]", "seeds=[0]")
     OmegaConf.set_struct(cfg, False)
     cfg.pretrain = [o if not o.startswith("max_steps=") else "max_steps=20" for o in cfg.pretrain]
     arms = list(study_arms(cfg))
@@ -415,7 +415,7 @@ def test_a_data_folder_the_study_would_ignore_is_refused_naming_the_config_file_
         timeout=300,
     )  # fmt: skip
     assert done.returncode != 0
-    assert "synthetic in the glue.overrides of conf/ablate_quick.yaml): the folder would be ignored" in done.stderr, (
+    assert "synthetic in the suite.overrides of conf/ablate_quick.yaml): the folder would be ignored" in done.stderr, (
         done.stderr[-2000:]
     )
     assert "--config-name quick" not in done.stderr

@@ -48,16 +48,16 @@ def study(root: Path, *overrides: str, pretrain: list[str] = QUICK, objectives: 
         f"objectives={objectives}",
         "scratch=false",
         "intrinsic=false",
-        "glue.tasks=[rte]",
-        "glue.seeds=[0]",
+        "suite.glue_tasks=[rte]",
+        "suite.seeds=[0]",
         f"pretrain={quoted(pretrain)}",
-        f"glue.overrides={quoted(GLUE)}",
+        f"suite.overrides={quoted(GLUE)}",
         *overrides,
     )
 
 
 def suite_cfg(pretrained, *overrides: str):
-    return compose_config("glue", f"pretrained={pretrained}", *GLUE, *overrides)
+    return compose_config("suite", f"pretrained={pretrained}", *GLUE, *overrides)
 
 
 def plan(cfg, tasks, seeds, output_dir=None):
@@ -471,10 +471,10 @@ def test_a_study_stopped_by_sigterm_prints_the_command_that_continues_it(tmp_pat
         "objectives=[roberta]",
         "scratch=false",
         "intrinsic=false",
-        "glue.tasks=[rte]",
-        "glue.seeds=[0]",
+        "suite.glue_tasks=[rte]",
+        "suite.seeds=[0]",
         f"pretrain={quoted(pretrain_args)}",
-        f"glue.overrides={quoted(GLUE)}",
+        f"suite.overrides={quoted(GLUE)}",
     ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     checkpoints = tmp_path / "s" / "pretrain" / "roberta-s0" / "checkpoints"
@@ -545,8 +545,8 @@ def test_a_copied_run_directory_resumes_into_a_w_and_b_run_of_its_own(tmp_path, 
 def test_a_study_reports_only_the_runs_tasks_and_seeds_it_asks_for(tmp_path):
     from pretrainlab.studies.ablation import run_study
 
-    run_study(study(tmp_path, "glue.seeds=[0,1]", "glue.tasks=[rte,cola]", objectives="[roberta,bert]"))
-    table = run_study(study(tmp_path, "glue.seeds=[0]", "glue.tasks=[rte]"))
+    run_study(study(tmp_path, "suite.seeds=[0,1]", "suite.glue_tasks=[rte,cola]", objectives="[roberta,bert]"))
+    table = run_study(study(tmp_path, "suite.seeds=[0]", "suite.glue_tasks=[rte]"))
     assert table["labels"] == ["roberta"] and table["tasks"] == ["rte"]
     assert table["cells"]["roberta"]["rte"]["seeds"] == [0]
 
@@ -613,8 +613,8 @@ def test_a_synthetic_evaluation_set_of_another_language_than_the_encoders_is_ref
         )
         with pytest.raises(ConfigError, match=rf"data.seed=1 .*Set {block}.synthetic.language_seed=1"):
             finetune(cfg, tmp_path / task)
-    suite = compose_config("glue", f"pretrained={run_dir}", *GLUE)
+    suite = compose_config("suite", f"pretrained={run_dir}", *GLUE)
     with pytest.raises(ConfigError, match="glue.synthetic.language_seed=0"):
         plan_suite(suite, ["rte"], [0], None, {})
-    matched = compose_config("glue", f"pretrained={run_dir}", *GLUE, "glue.synthetic.language_seed=1")
+    matched = compose_config("suite", f"pretrained={run_dir}", *GLUE, "glue.synthetic.language_seed=1")
     plan_suite(matched, ["rte"], [0], None, {})  # the encoder's own language: planned

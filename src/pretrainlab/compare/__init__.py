@@ -11,7 +11,7 @@ Conventions (also printed under every table):
   against a ``baseline`` row, paired differences and p-values (see ``pretrainlab.uncertainty``);
 - results of encoder snapshots (``fraction`` < 1) are left out of the table and make :func:`curve`.
 
-Inputs are results files (``experiments/glue.py`` and ``finetune.py`` write them) found under the
+Inputs are results files (``experiments/suite.py`` and ``finetune.py`` write them) found under the
 given directories, or the fine-tuning runs of a W&B project (``wandb:<entity>/<project>``).
 
 One module per job:

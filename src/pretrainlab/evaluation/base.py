@@ -366,7 +366,7 @@ def display_name(name: str) -> str:
 
 def groups() -> dict[str, list[str]]:
     """Every entry a study's ``evals`` may hold, and the tasks it stands for (GLUE's: all nine; a study
-    runs those of its ``glue.tasks``)."""
+    runs those of its ``suite.glue_tasks``)."""
     out: dict[str, list[str]] = {}
     for name in names():
         out.setdefault(get(name).group, []).append(name)

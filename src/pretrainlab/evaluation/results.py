@@ -1,7 +1,7 @@
 """Results files of every evaluation, and the checks that decide whether a finished result may be reported.
 
 ``evaluation.run`` writes one JSON file per (encoder, task, seed): ``results.json`` in its run
-directory, or ``<suite>/<task>/seed<k>.json`` in a GLUE suite. A result is reported (by the suite
+directory, or ``<suite>/<task>/seed<k>.json`` in an evaluation suite. A result is reported (by the suite
 that skips it as done, or by the comparison) only when
 
 - the file is readable, complete JSON, and its metrics are finite numbers (:func:`read_result`);
@@ -42,7 +42,7 @@ LEGACY = {"glue.group_by_length": False, "glue.synthetic.unseen_words": 0.0}
 _RESULTS_FILE = re.compile(r"results\.json|seed\d+\.json")
 
 AGAIN = (
-    "Delete it (or move it away) to fine-tune that task and seed again: experiments/glue.py and ablate.py re-run "
+    "Delete it (or move it away) to fine-tune that task and seed again: experiments/suite.py and ablate.py re-run "
     "exactly the results that are missing."
 )
 

@@ -68,7 +68,7 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-FINETUNING_GROUPS = ("task",)  # composed by finetune.py and the GLUE suite, never by train.py
+FINETUNING_GROUPS = ("task",)  # composed by finetune.py and the evaluation suite, never by train.py
 
 
 def group_listing(entry: str) -> str:

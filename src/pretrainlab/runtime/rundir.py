@@ -14,7 +14,7 @@ One process at a time: before anything is written, the run takes the directory's
 (:data:`LOCK`, an ``flock`` on a file that names its holder). A second process started on the same
 directory is refused, naming the first; the lock goes with its process (also when it is killed),
 and a lock file left by a process that is gone is recognised as stale and taken over. Studies and
-GLUE suites lock their own directories the same way.
+Evaluation suites lock their own directories the same way.
 
 For ``python train.py`` and ``python finetune.py`` the check also runs as a Hydra callback, before
 Hydra writes the run's ``.hydra/`` files into the directory.
@@ -41,7 +41,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("pretrainlab")
 
-# what overwrite=true deletes: everything a run and its GLUE suites wrote that later steps read back
+# what overwrite=true deletes: everything a run and its evaluation suites wrote that later steps read back
 RUN_OUTPUTS = (
     "checkpoints",
     "encoder",
@@ -72,7 +72,7 @@ _held: dict[str, list] = {}  # resolved directory -> [file descriptor, times tak
 def lock(directory: Path, what: str = "run") -> None:
     """Take ``directory``'s lock for this process (again: a count), creating the directory; refuse
     with :class:`RunDirBusy` when another live process holds it. ``what`` names the directory in
-    the message (run, study, GLUE suite)."""
+    the message (run, study, evaluation suite)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     key = str(directory.resolve())

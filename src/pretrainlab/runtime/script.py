@@ -43,7 +43,7 @@ from pretrainlab.runtime.settings import set_matmul_precision
 
 def rerun_command() -> str:
     """This process's command line, quoted for the shell: the command that runs it again (a study
-    or a GLUE suite continues where it stopped when run again). A command that started this process
+    or an evaluation suite continues where it stopped when run again). A command that started this process
     through another (``experiments/slot.py``, which installs what the node lacks, then starts
     ``python -m pretrainlab.slot``) says its own in ``PRETRAINLAB_COMMAND``; a module run with ``-m``
     is named as one."""

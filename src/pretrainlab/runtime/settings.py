@@ -152,7 +152,7 @@ def check_pretraining(cfg: DictConfig) -> None:
 
 
 def check_finetuning(cfg: DictConfig) -> None:
-    check(cfg, FINETUNE, "conf/finetune.yaml, conf/task/<task>.yaml or conf/glue.yaml")
+    check(cfg, FINETUNE, "conf/finetune.yaml, conf/task/<task>.yaml or conf/suite.yaml")
 
 
 # --- Devices -------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def signal_name(signum: int) -> str:
 
 @contextmanager
 def exit_on_signal(what: str, hint: str):
-    """While ``what`` (a study, a GLUE suite) runs, a SIGTERM outside the training steps (which
+    """While ``what`` (a study, an evaluation suite) runs, a SIGTERM outside the training steps (which
     stop at the end of a step on their own, see :class:`SaveOnSignal`) ends it at once with status
     143 and the command that continues it. Outside the main thread, nothing changes."""
     if threading.current_thread() is not threading.main_thread():

@@ -220,7 +220,7 @@ def _merge(paths: list[Path], opened: list[tuple[Path, dict]], out: Path) -> dic
     learned = learning_report(runs, report, recorded=True)
     learning_curves(runs, report)
     tasks = study_tasks(cfg)
-    table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.glue.seeds], [], learned, recorded=True)
+    table = report_study(cfg, runs, report, tasks, [int(s) for s in cfg.suite.seeds], [], learned, recorded=True)
     recost(report, records, "in its slot" if len(records) == 1 else f"over the {len(records)} slots")
     measured_on(report / "provenance.json", [out / "slots" / _stem(p) for p in paths])
     for path, record in zip(paths, records):  # each slot's own record, as its slot.md says it

@@ -70,7 +70,7 @@ def evaluation_files(cfg: DictConfig, data_dirs: dict[str, Path]) -> dict[str, l
         )
     probe = cfg.copy()
     probe.budget_flops = 1.0  # not known yet, and not the evaluations'
-    gcfg, _ = compose("glue", [*probe.glue.overrides, *(f'++{b}.data_dir="{d}"' for b, d in data_dirs.items())])
+    gcfg, _ = compose("suite", [*probe.suite.overrides, *(f'++{b}.data_dir="{d}"' for b, d in data_dirs.items())])
     out: dict[str, list[tuple[Path, Path]]] = {}
     for t in tasks:
         evaluation = with_data(t, gcfg)

@@ -116,7 +116,7 @@ def time_limit(at: float, timeline: Timeline, minutes: float, kept_s: float) -> 
         return (
             f"the slot's {minutes:g} minutes ran out (less {kept_s:g} s kept for its archive) during its "
             f"{timeline.marks[-1][0]} phase; the work in progress was stopped and what finished is in this "
-            f"archive. Give the slot more time (--minutes) or less work (objectives, glue.tasks, glue.seeds)."
+            f"archive. Give the slot more time (--minutes) or less work (objectives, suite.glue_tasks, suite.seeds)."
         )
 
     with deadline(at, message):

@@ -1,5 +1,5 @@
 """Studies: loops over runs that can be interrupted and re-run.
 
-suite.py     the GLUE suite of one encoder: tasks x fine-tuning seeds
+suite.py     the evaluation suite of one encoder: tasks x fine-tuning seeds
 ablation.py  objectives x pretraining seeds, a suite on each encoder and on scratch, the report
 """

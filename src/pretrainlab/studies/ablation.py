@@ -1,5 +1,5 @@
 """A whole ablation study from one command: pretrain objectives x seeds, fine-tune every encoder
-(and the scratch baseline) on a GLUE suite, compare. Resumable at every level:
+(and the scratch baseline) on its evaluation suite, compare. Resumable at every level:
 
     <root>/<study>/pretrain/<objective>-s<seed>/   a pretraining run; skipped once its encoder is
                                                     exported, resumed from its newest checkpoint if
@@ -7,7 +7,7 @@
         glue/<task>/seed<k>.json                    fine-tuning results; finished pairs are skipped
         glue-scratch/...                            (first run only) the same architecture from scratch
         snapshots/<fraction>/glue/...               with ``snapshots``: the encoder at that fraction of
-                                                    the budget, and its GLUE suite
+                                                    the budget, and its evaluation suite
     <root>/<study>/report/                          comparison.md / .csv / .png / .json; curve.png /
                                                     .csv with snapshots; learning.md (each run's heads
                                                     beside their trivial baselines); learning-curves

@@ -187,4 +187,4 @@ def write_summary(results: list[dict], output_dir: Path) -> None:
     table = aggregate([as_final(r) for r in results])  # one encoder, a snapshot's included
     atomic.write_text(output_dir / "summary.json", atomic.json_text(table))
     atomic.write_text(output_dir / "summary.md", to_markdown(table) + "\n")
-    log.info("GLUE suite summary -> %s", output_dir / "summary.md")
+    log.info("evaluation suite summary -> %s", output_dir / "summary.md")

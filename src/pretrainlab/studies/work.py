@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.evaluation import base as evaluations
@@ -30,10 +30,40 @@ from pretrainlab.studies.suite import plan_suite, task_config
 log = logging.getLogger("pretrainlab")
 
 
+# a study's evaluation suite was once its ``glue`` block: {old key: its name in ``suite``}
+OLD_SUITE_KEYS = {"tasks": "glue_tasks", "seeds": "seeds", "overrides": "overrides"}
+
+
+def settle_suite(cfg: DictConfig) -> DictConfig:
+    """The study's evaluation suite in its ``suite`` block. The block's old name, ``glue`` (``glue.tasks``,
+    ``glue.seeds``, ``glue.overrides``; in a config file, a command line or the settings of an earlier slot)
+    is still read: its values take the place of suite's, with a warning naming the new keys, and the old
+    block is dropped. Idempotent; ``cfg`` is changed in place and returned."""
+    old = cfg.get("glue")
+    if old is None and "suite" in cfg:
+        return cfg
+    given = {key: old.get(key) for key in OLD_SUITE_KEYS} if old is not None else {}
+    given = {key: value for key, value in given.items() if value is not None}
+    with open_dict(cfg):
+        if "suite" not in cfg or cfg.suite is None:
+            cfg.suite = {"glue_tasks": [], "seeds": [0], "overrides": []}
+        for key, value in given.items():
+            cfg.suite[OLD_SUITE_KEYS[key]] = value
+        cfg.pop("glue", None)
+    if given:
+        log.warning(
+            "%s: a study's glue block is now its suite block (the evaluation suite is more than GLUE); read as %s. "
+            "The old names will be removed.",
+            ", ".join(f"glue.{key}" for key in given),
+            ", ".join(f"suite.{OLD_SUITE_KEYS[key]}" for key in given),
+        )
+    return cfg
+
+
 def study_tasks(cfg: DictConfig) -> list[str]:
     """The evaluation tasks of the study: every entry of ``evals`` (a group of evaluations, ``glue``
-    standing for the tasks of ``glue.tasks``, or a task of ``conf/task/``: ``evaluation.base.resolve``)."""
-    return resolve(list(cfg.get("evals") or ["glue"]), list(cfg.glue.tasks))
+    standing for the tasks of ``suite.glue_tasks``, or a task of ``conf/task/``: ``evaluation.base.resolve``)."""
+    return resolve(list(cfg.get("evals") or ["glue"]), list(settle_suite(cfg).suite.glue_tasks))
 
 
 def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
@@ -74,6 +104,7 @@ def suite_label(root: Path, encoder: Path, init: str) -> str:
 def study_rows(cfg: DictConfig) -> tuple[Path, dict[str, list[str]], list[float]]:
     """The study's directory, arms and snapshot fractions, checked: every arm's objective one of
     ``conf/objective/``, the baseline one of the rows, every evaluation known."""
+    settle_suite(cfg)
     root = Path(cfg.output_root).expanduser() / cfg.study
     arms = study_arms(cfg)
     fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
@@ -146,18 +177,18 @@ class StudyWork:
         self.cfg, self.root, self.fractions = cfg, root, fractions
         self.planned = pretraining_runs(cfg, root, arms, fractions)
         self.runs = [run_dir for run_dir, *_ in self.planned]
-        self.glue_overrides = [
-            *cfg.glue.overrides,
+        self.suite_overrides = [
+            *cfg.suite.overrides,
             *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
         ]
-        self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.glue.seeds]
+        self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.suite.seeds]
         probe = self.suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
         for block, path in (cfg.get("data_dirs") or {}).items():
             if path is not None and str((probe.get(block) or {}).get("source")) == "synthetic":
                 raise ConfigError(
                     f"data_dirs.{block}={path}, but this study reads {block} from its synthetic set ({block}.source="
-                    f"synthetic in the glue.overrides of {_config_file()}): the folder would be ignored. Drop "
-                    f"data_dirs.{block}, or add {block}.source=local to glue.overrides to read it."
+                    f"synthetic in the suite.overrides of {_config_file()}): the folder would be ignored. Drop "
+                    f"data_dirs.{block}, or add {block}.source=local to suite.overrides to read it."
                 )
         check_evaluation_inputs(probe, self.tasks)
         # the finished GLUE results already there are checked before any pretraining or fine-tuning starts
@@ -180,7 +211,7 @@ class StudyWork:
                 raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
 
     def suite_cfg(self, encoder: Path, init: str) -> DictConfig:
-        gcfg, _ = compose("glue", [f"pretrained={encoder}", f"init={init}", *self.glue_overrides])
+        gcfg, _ = compose("suite", [f"pretrained={encoder}", f"init={init}", *self.suite_overrides])
         set_group(gcfg, self.cfg.study)
         return gcfg
 
