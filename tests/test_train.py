@@ -56,6 +56,47 @@ def test_run_writes_checkpoint_and_an_encoder_that_loads_without_objective_code(
     assert encoder.eval()(ids).hidden_states.shape == (1, ids.shape[1], 128)
 
 
+def test_one_optimizer_step_runs_in_the_order_the_module_states(tmp_path, monkeypatch):
+    """PretrainModule's docstring lists one optimizer step in order (the hooks Lightning's loop calls);
+    a run of two steps of two micro-batches each calls them in that order: every micro-batch its
+    forward and backward, and after the last one clipping, the optimizer's step, the schedule."""
+    import re
+
+    from pretrainlab.pretraining.module import PretrainModule
+
+    stated = re.findall(r"^\s+[1-9]\. +(\w+) ", PretrainModule.__doc__ or "", re.M)  # 0 is the batch
+    assert stated == [
+        "on_train_batch_start",
+        "training_step",
+        "backward",
+        "configure_gradient_clipping",
+        "optimizer_step",
+        "lr_scheduler_step",
+        "on_train_batch_end",
+    ], stated
+    called: list[str] = []
+
+    def recorded(name: str):
+        original = getattr(PretrainModule, name)
+
+        def hook(self, *args, **kwargs):
+            if name != "optimizer_step":
+                called.append(name)
+            out = original(self, *args, **kwargs)
+            if name == "optimizer_step":  # the step's account is kept once the optimizer has stepped
+                called.append(name)
+            return out
+
+        return hook
+
+    for name in stated:
+        monkeypatch.setattr(PretrainModule, name, recorded(name))
+    cfg = compose_train(*SMALL, "batch_size=8", "device_batch_size=4", "max_steps=2", "val_every=1000")
+    assert run(cfg, tmp_path)["global_step"] == 2
+    inner = ["on_train_batch_start", "training_step", "backward", "on_train_batch_end"]  # not the last micro-batch
+    assert called == (inner + stated) * 2, called
+
+
 def test_a_slow_data_loader_shows_in_the_data_wait_and_validation_does_not(tmp_path, monkeypatch):
     import time
 

@@ -48,6 +48,31 @@ log = logging.getLogger("pretrainlab")
 
 
 class PretrainModule(L.LightningModule):
+    """One optimizer step, in the order it runs (Lightning's loop calls the methods below, which follow
+    this order in the file; ``tests/test_train.py`` checks it against a run):
+
+    0. the batch       examples of the corpus, masked on the host by the objective's collator
+                       (``data.batches.MaskedBatches``: seeded by seed, epoch and batch index), made ahead
+                       of the step by the data loader and moved to the device
+    for each micro-batch of the step (``Devices.accumulate`` of them; ``micro-batch x accumulate x
+    devices`` is the global batch):
+    1. on_train_batch_start    seed the step's randomness (dropout) by (seed, step, micro-batch, rank);
+                               start the step's clock
+    2. training_step           the objective's forward and each head's loss (``Objective.forward``; its
+                               ``ObjectiveOutput.loss`` is the heads' weighted sum); count the tokens (and
+                               FLOPs); log the training metrics at the logging interval
+    3. backward                Lightning: the loss divided by ``accumulate``, backward; on several devices
+                               DDP all-reduces the gradients on the last micro-batch only
+    then, after the last micro-batch:
+    4. configure_gradient_clipping   Lightning: the gradients' norm clipped to ``optim.grad_clip``
+    5. optimizer_step          AdamW's step (Lightning runs 2-4 of the last micro-batch inside it, as the
+                               optimizer's closure); then the step's seconds and the budget's record
+    6. lr_scheduler_step       Lightning: the learning-rate schedule (``Budget.schedule``: warmup, decay)
+    7. on_train_batch_end      stop once the budget is reached; a non-finite loss stops the run here
+
+    Validation (``validation_step``) and checkpoints come between steps, at their intervals.
+    """
+
     tokens_seen: torch.Tensor  # buffers (checkpointed)
     skipped_batches: torch.Tensor
     train_seconds: torch.Tensor
@@ -184,7 +209,27 @@ class PretrainModule(L.LightningModule):
             dist.all_reduce(n)
         return float(n)
 
-    # --- steps ----------------------------------------------------------------------------------
+    # --- one optimizer step, in order (the class's docstring) -------------------------------------
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        # Dropout (and any other torch randomness in the step) is seeded by (seed, step, micro-batch,
+        # rank): a resumed run draws exactly what an uninterrupted one would, without storing RNG state.
+        micro = batch_idx % self.trainer.accumulate_grad_batches
+        seed = int(np.random.SeedSequence([self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0])
+        # the generators this step draws from; torch.manual_seed would also queue lazy seeding of
+        # every device type this process has not initialised (a stack trace each, every step)
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
+        # training metrics are logged at the trainer's interval only (Lightning writes them then)
+        self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+            if self.device.type == "cuda":  # the step's span on the device: the host runs ahead of it
+                self._step_event = torch.cuda.Event(enable_timing=True)
+                self._step_event.record()
+        if self._compiled is not None and self._compile_warmup_start is None:
+            self._compile_warmup_start = self._step_start
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         out = self.forward_loss(batch)
         loss = out.loss.detach()
@@ -217,6 +262,44 @@ class PretrainModule(L.LightningModule):
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
         return out.loss
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimizer step, then its account: the step's training time (from its first micro-batch:
+        the host clock on a CPU, the device's on a GPU, :attr:`seconds`) and the budget's record. Lightning calls this at the end of every
+        gradient accumulation, skipped batches included, and steps the schedule right after it."""
+        super().optimizer_step(*args, **kwargs)
+        if self._step_event is not None:  # a GPU: the step's time on the device, once it has run
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._device_steps.append((self._step_event, end))
+            self._step_event = self._step_start = None
+            # a minutes budget decides at every step: it waits for the device; the others look when it is done
+            self._settle(wait=self.budget.kind == "minutes")
+        elif self._step_start is not None:
+            self.add_train_seconds(time.perf_counter() - self._step_start)
+            self._step_start = None
+        self.budget.record(self.budget_used(self.global_step + 1))  # the trainer counts this step once we return
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self._compile_warmup_start and self.trainer.global_step == 1 + self._start_step:  # the first step, compiled
+            warmup = time.perf_counter() - self._compile_warmup_start
+            log.info("the compiled training step took %.1fs to warm up (compilation included)", warmup)
+            self.log("perf/compile_warmup_s", warmup, batch_size=1)
+            self._compile_warmup_start = 0.0  # reported
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+            return  # inside a gradient accumulation
+        self.nonfinite.advance()
+        if self.budget.kind != "steps" and self.trainer.global_step % log_interval(self.trainer) == 0:
+            self.log("budget/used", self.budget.used, batch_size=1)
+            self.log("budget/fraction", self.budget.progress, batch_size=1)
+        if self.on_nonfinite == "stop" and self.trainer.global_step % log_interval(self.trainer) == 0:
+            self.check_finite()
+        reached = self.budget.reached
+        if self.budget.kind == "minutes" and self.trainer.world_size > 1:  # clocks differ: agree on the step
+            reached = self.trainer.strategy.reduce_boolean_decision(reached, all=False)
+        if reached:
+            self.trainer.should_stop = True
+
+    # --- validation -------------------------------------------------------------------------------
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         out = self.forward_loss(batch)
         bs = batch["input_ids"].shape[0]
@@ -258,26 +341,6 @@ class PretrainModule(L.LightningModule):
                 self.log(f"learning/{name}", float(number), batch_size=1)
         self.log("learning/heads_at_baseline", float(sum(c.at_baseline for c in self.learning_checks)), batch_size=1)
 
-    def on_train_batch_start(self, batch, batch_idx) -> None:
-        # Dropout (and any other torch randomness in the step) is seeded by (seed, step, micro-batch,
-        # rank): a resumed run draws exactly what an uninterrupted one would, without storing RNG state.
-        micro = batch_idx % self.trainer.accumulate_grad_batches
-        seed = int(np.random.SeedSequence([self.seed, self.global_step, micro, self.global_rank]).generate_state(1)[0])
-        # the generators this step draws from; torch.manual_seed would also queue lazy seeding of
-        # every device type this process has not initialised (a stack trace each, every step)
-        torch.default_generator.manual_seed(seed)
-        if self.device.type == "cuda":
-            torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
-        # training metrics are logged at the trainer's interval only (Lightning writes them then)
-        self._log_now = (self.global_step + 1) % log_interval(self.trainer) == 0
-        if self._step_start is None:
-            self._step_start = time.perf_counter()
-            if self.device.type == "cuda":  # the step's span on the device: the host runs ahead of it
-                self._step_event = torch.cuda.Event(enable_timing=True)
-                self._step_event.record()
-        if self._compiled is not None and self._compile_warmup_start is None:
-            self._compile_warmup_start = self._step_start
-
     # --- non-finite losses (runtime.nonfinite) -------------------------------------------------
     def _finite(self, loss: torch.Tensor) -> bool:
         """Whether the loss is finite on every rank (all ranks take the same decision); waits for the device."""
@@ -301,23 +364,6 @@ class PretrainModule(L.LightningModule):
         steps = self.global_step if steps is None else steps
         return self.budget.measure(steps, self._tokens, self.flops, self._seconds)
 
-    def optimizer_step(self, *args, **kwargs) -> None:
-        """The optimizer step, then its account: the step's training time (from its first micro-batch:
-        the host clock on a CPU, the device's on a GPU, :attr:`seconds`) and the budget's record. Lightning calls this at the end of every
-        gradient accumulation, skipped batches included, and steps the schedule right after it."""
-        super().optimizer_step(*args, **kwargs)
-        if self._step_event is not None:  # a GPU: the step's time on the device, once it has run
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._device_steps.append((self._step_event, end))
-            self._step_event = self._step_start = None
-            # a minutes budget decides at every step: it waits for the device; the others look when it is done
-            self._settle(wait=self.budget.kind == "minutes")
-        elif self._step_start is not None:
-            self.add_train_seconds(time.perf_counter() - self._step_start)
-            self._step_start = None
-        self.budget.record(self.budget_used(self.global_step + 1))  # the trainer counts this step once we return
-
     def on_train_start(self) -> None:
         # a resumed run counts on from its checkpoint's counters
         self._tokens, self._seconds = float(self.tokens_seen), float(self.train_seconds)
@@ -328,26 +374,6 @@ class PretrainModule(L.LightningModule):
         self._step_start = self._step_event = None
         self._device_steps = []
         self.budget.start(self.budget_used())
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self._compile_warmup_start and self.trainer.global_step == 1 + self._start_step:  # the first step, compiled
-            warmup = time.perf_counter() - self._compile_warmup_start
-            log.info("the compiled training step took %.1fs to warm up (compilation included)", warmup)
-            self.log("perf/compile_warmup_s", warmup, batch_size=1)
-            self._compile_warmup_start = 0.0  # reported
-        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
-            return  # inside a gradient accumulation
-        self.nonfinite.advance()
-        if self.budget.kind != "steps" and self.trainer.global_step % log_interval(self.trainer) == 0:
-            self.log("budget/used", self.budget.used, batch_size=1)
-            self.log("budget/fraction", self.budget.progress, batch_size=1)
-        if self.on_nonfinite == "stop" and self.trainer.global_step % log_interval(self.trainer) == 0:
-            self.check_finite()
-        reached = self.budget.reached
-        if self.budget.kind == "minutes" and self.trainer.world_size > 1:  # clocks differ: agree on the step
-            reached = self.trainer.strategy.reduce_boolean_decision(reached, all=False)
-        if reached:
-            self.trainer.should_stop = True
 
     def on_train_end(self) -> None:
         self.check_finite()
