@@ -38,7 +38,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 docs: install
-	$(PY) -m pretrainlab.tools.docs build
+	$(PY) tools/docs.py build
 
 site: docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

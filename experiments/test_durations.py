@@ -11,7 +11,7 @@ itself, and the test's own checks. Every Python process a test starts records it
 (tests/process_record): how many each file's tests started and the CPU they used, beside what one
 process that imports torch and Lightning costs before it does anything (measured here, when the reports
 are made). Writes ``<report>/by-file`` and ``<report>/slowest``, table reports that
-``python -m pretrainlab.tools.docs publish`` takes (CONTRIBUTING.md shows them).
+``python tools/docs.py publish`` takes (CONTRIBUTING.md shows them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The docs' measured numbers are generated from committed reports (pretrainlab.tools.docs), and the
+"""The docs' measured numbers are generated from committed reports (tools/docs.py), and the
 documentation site builds without warnings."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrainlab.tools import docs
+from tools import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 

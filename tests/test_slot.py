@@ -672,7 +672,7 @@ def test_a_slots_cost_gives_its_phases_wall_clock_and_labels_summed_process_time
     the host's clock, which a GPU's queued kernels outrun)."""
     from pretrainlab.slot.report import recost
     from pretrainlab.studies.cost import cost_report
-    from pretrainlab.tools.docs import _source
+    from tools.docs import _source
 
     report = tmp_path / "report"
     runs = []

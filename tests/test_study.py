@@ -111,7 +111,7 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert (
         len(code) == 1 and "Every encoder was pretrained with pretrainlab" in (root / "report" / "cost.md").read_text()
     )
-    # and how the report was made, for the docs that cite it (pretrainlab.tools.docs)
+    # and how the report was made, for the docs that cite it (tools/docs.py)
     made = json.loads((root / "report" / "provenance.json").read_text())
     assert made["command"].startswith("python ") and made["date"].endswith("UTC") and made["device"]
     assert made["software"]["torch"] and made["commit"] == made["software"]["commit"]

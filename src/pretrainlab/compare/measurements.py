@@ -1,4 +1,4 @@
-"""A tool's measurements as a report the docs can cite (``python -m pretrainlab.tools.docs publish``):
+"""A tool's measurements as a report the docs can cite (``python tools/docs.py publish``):
 ``report.json`` (title, what it measured, columns and rows), ``report.md`` (the same, readable) and
 ``provenance.json`` (the command, commit, date and device that made it). The benchmarks, the reference
 runs, the arms and the suite's time tables write them; the docs read their tables back

@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     if results:
         print_table(results)
         if args.report:
-            print(f"report -> {args.report} (python -m pretrainlab.tools.docs publish {args.report} --name <name>)")
+            print(f"report -> {args.report} (python tools/docs.py publish {args.report} --name <name>)")
     if args.data:
         print()
         bench_data(args.data, "roberta", args.seq_len, args.batch, args.workers)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
         columns = ["started", "processes", "wall-clock (s)", "CPU (s)", "CPU per process (s)"]
         write_table_report(args.report, "Starting a study's processes: fresh against forked", columns, rows, about)
-        print(f"report -> {args.report} (python -m pretrainlab.tools.docs publish {args.report} --name <name>)")
+        print(f"report -> {args.report} (python tools/docs.py publish {args.report} --name <name>)")
     return 0
 
 

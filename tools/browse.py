@@ -1,7 +1,7 @@
 """The built documentation site, checked in a real browser: headless Chromium opens the home page, an
 API page and the search, and saves a screenshot of each::
 
-    make site && python -m pretrainlab.tools.browse site --out site-check/
+    make site && python tools/browse.py site --out site-check/
 
 Needs ``pip install -e ".[browse]"`` (Playwright) and a Chromium: the OS's (``apt install chromium``,
 found at ``/usr/bin/chromium``) or Playwright's own (``playwright install chromium``). Exits 1 naming
@@ -79,7 +79,7 @@ def check_site(site: Path, out: Path, query: str = "ELECTRA", chromium: str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pretrainlab.tools.browse", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/browse.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("site", type=Path, help="the built site (make site writes site/)")
     parser.add_argument("--out", type=Path, default=Path("site-check"), help="where the screenshots go")
     parser.add_argument("--query", default="ELECTRA", help="what to search for")

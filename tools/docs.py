@@ -7,9 +7,9 @@ regenerates every marked block of README.md and docs/ from them (and ``docs/inde
 home page, from the README); ``check`` says which blocks differ
 from what their reports generate (the test suite runs it, so a number edited by hand fails a test)::
 
-    python -m pretrainlab.tools.docs publish runs/studies/quick/report --name quick-study
-    python -m pretrainlab.tools.docs build          # make docs
-    python -m pretrainlab.tools.docs check          # exit 1 and the blocks that differ
+    python tools/docs.py publish runs/studies/quick/report --name quick-study
+    python tools/docs.py build          # make docs
+    python tools/docs.py check          # exit 1 and the blocks that differ
 
 A block in a Markdown file is a pair of comments around what is generated; a value in prose is the
 same, inline::
@@ -47,7 +47,7 @@ from pathlib import Path
 from pretrainlab import atomic
 from pretrainlab.compare.measurements import table_markdown
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("docs") / "results"
 # the files of a study's report that docs read or link; figures come along for the pages that show them
 REPORT_FILES = ("*.json", "*.md", "*.csv", "*.png")
@@ -71,7 +71,7 @@ class DocsError(ValueError):
 def _load(report: Path, file: str) -> dict:
     path = report / file
     if not path.is_file():
-        raise DocsError(f"{path} is missing: publish the report again (python -m pretrainlab.tools.docs publish)")
+        raise DocsError(f"{path} is missing: publish the report again (python tools/docs.py publish)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -173,7 +173,7 @@ def _curves(report: Path, link: str) -> str:
 
     path = report / "curves.csv"
     if not path.is_file():
-        raise DocsError(f"{path} is missing: publish the arms report again (python -m pretrainlab.tools.docs publish)")
+        raise DocsError(f"{path} is missing: publish the arms report again (python tools/docs.py publish)")
     rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
     steps = sorted({int(r["step"]) for r in rows})
     cells: dict[tuple[str, str], dict[int, str]] = {}
@@ -542,7 +542,7 @@ def checkout(start: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pretrainlab.tools.docs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/docs.py", description=__doc__.split("\n\n")[0])
     where = argparse.ArgumentParser(add_help=False)  # --root before or after the command
     where.add_argument(
         "--root",
@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in stale:
                 print(line)
             if stale:
-                print("run `make docs` (python -m pretrainlab.tools.docs build) to regenerate them")
+                print("run `make docs` (python tools/docs.py build) to regenerate them")
                 return 1
             print("every generated block matches its report")
     except DocsError as e:
