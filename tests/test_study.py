@@ -139,6 +139,35 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())
 
 
+
+def test_a_study_with_no_evaluations_pretrains_and_reports_what_each_run_learned(tmp_path):
+    """``evals=[]``: a study of pretraining only. Its runs train and its report says what each learned
+    (learning.md, learning-curves.md, the cost); nothing is fine-tuned (no suite's folder, no comparison),
+    though the study's suite settings would evaluate on data there is."""
+    from pretrainlab.studies.ablation import run_study
+
+    quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    pretrain = [*SMALL, "max_steps=20", "val_every=10", "checkpoint_every=20"]
+    table = run_study(
+        compose_config(
+            "ablate",
+            "study=p",
+            f"output_root={tmp_path}",
+            "objectives=[roberta]",
+            "evals=[]",
+            f"pretrain={quoted(pretrain)}",
+            "suite.glue_tasks=[rte]",
+            f"suite.overrides={quoted(['glue.source=synthetic', 'glue.synthetic.scale=0.05', 'logger=csv'])}",
+        )
+    )
+    root = tmp_path / "p"
+    assert table["tasks"] == [] and list(table["learning"]) == ["roberta-s0"]
+    assert (root / "pretrain" / "roberta-s0" / "encoder" / "encoder.safetensors").is_file()
+    assert not [p for p in (root / "pretrain" / "roberta-s0").iterdir() if p.name.startswith(("glue", "eval"))]
+    made = {p.name for p in (root / "report").iterdir()}
+    assert {"learning.md", "learning-curves.md", "cost.md", "provenance.json"} <= made, made
+    assert not [name for name in made if name.startswith("comparison")], made
+
 @pytest.mark.slow
 def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
     """conf/ablate_quick.yaml as shipped, with one objective: RoBERTa against the same encoder from

@@ -112,11 +112,12 @@ def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str
                     fraction,
                     list(study.fractions),
                 )
-    mark("evaluation")
-    suites = study.suites()
-    where.evaluate(study, study.unfinished(suites))
-    for _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
-        run_suite(gcfg, study.tasks, study.seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
+    if study.tasks:  # none with evals=[]: a study of pretraining only, whose report is what each run learned
+        mark("evaluation")
+        suites = study.suites()
+        where.evaluate(study, study.unfinished(suites))
+        for _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
+            run_suite(gcfg, study.tasks, study.seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     mark("report")
     wall = {p: s for p, s in phase_seconds(marks).items() if p in ("pretraining", "evaluation")}

@@ -44,7 +44,10 @@ def report_study(
     in its directories), opened by the runs still at their trivial baselines (``learned``:
     ``intrinsic.learning_report``); the held-out checks (``intrinsic``), the cost, and the W&B table.
     ``recorded``: runs brought back without their weights (``pretrainlab.slot``), whose held-out checks
-    are read, not computed. Returns the comparison table."""
+    are read, not computed. Returns the comparison table; a study of pretraining only (no ``tasks``:
+    ``evals=[]``) has no comparison, and returns ``{"tasks": [], "learning": learned}``."""
+    if not tasks:
+        return _report_pretraining(cfg, runs, report, learned, recorded, wall_s)
     wanted_tasks = set(tasks)
 
     def asked(r: dict) -> bool:
@@ -74,15 +77,7 @@ def report_study(
             ", ".join(sorted(flagged)),
             report / "learning.md",
         )
-    if cfg.get("intrinsic", True):
-        print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
-    cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)), wall_s=wall_s)
-    atomic.write_text(report / "provenance.json", json.dumps(report_provenance(rerun_command()), indent=2))
-    log.info(
-        "process time, summed over the runs: pretraining %.0f s, evaluation %.0f s (report/cost.md)",
-        cost["pretraining_s"],
-        cost["evaluation_s"],
-    )
+    _checks_cost_provenance(cfg, runs, report, recorded, wall_s)
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     if recorded:  # brought back from elsewhere: its runs logged where they ran
         return table
@@ -97,3 +92,34 @@ def report_study(
             entity=lcfg.get("entity"),
         )
     return table
+
+
+def _report_pretraining(
+    cfg: DictConfig, runs: list[Path], report: Path, learned: dict, recorded: bool, wall_s: dict[str, float] | None
+) -> dict:
+    """The report of a study that pretrains only: what each run learned (``learning.md`` and
+    ``learning-curves.md``, written already), its held-out checks, cost and provenance."""
+    if flagged := at_baseline(learned):
+        log.warning(
+            "%d of %d pretraining runs are still at their trivial baseline (%s)",
+            len(flagged),
+            len(learned),
+            ", ".join(sorted(flagged)),
+        )
+    _checks_cost_provenance(cfg, runs, report, recorded, wall_s)
+    log.info("report -> %s (learning.md, learning-curves.md: a study of pretraining only, evals=[])", report)
+    return {"tasks": [], "learning": learned}
+
+
+def _checks_cost_provenance(
+    cfg: DictConfig, runs: list[Path], report: Path, recorded: bool, wall_s: dict[str, float] | None
+) -> None:
+    if cfg.get("intrinsic", True):
+        print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
+    cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)), wall_s=wall_s)
+    atomic.write_text(report / "provenance.json", json.dumps(report_provenance(rerun_command()), indent=2))
+    log.info(
+        "process time, summed over the runs: pretraining %.0f s, evaluation %.0f s (report/cost.md)",
+        cost["pretraining_s"],
+        cost["evaluation_s"],
+    )

@@ -62,8 +62,10 @@ def settle_suite(cfg: DictConfig) -> DictConfig:
 
 def study_tasks(cfg: DictConfig) -> list[str]:
     """The evaluation tasks of the study: every entry of ``evals`` (a group of evaluations, ``glue``
-    standing for the tasks of ``suite.glue_tasks``, or a task of ``conf/task/``: ``evaluation.base.resolve``)."""
-    return resolve(list(cfg.get("evals") or ["glue"]), list(settle_suite(cfg).suite.glue_tasks))
+    standing for the tasks of ``suite.glue_tasks``, or a task of ``conf/task/``: ``evaluation.base.resolve``);
+    none for ``evals=[]``, a study that pretrains only (no ``evals`` key: GLUE's)."""
+    evals = cfg.get("evals")
+    return resolve(["glue"] if evals is None else list(evals), list(settle_suite(cfg).suite.glue_tasks))
 
 
 def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
