@@ -139,7 +139,6 @@ def test_ablation_study_end_to_end_and_resumable(tmp_path, monkeypatch):
     assert json.loads(json.dumps(again)) == json.loads((root / "report" / "comparison.json").read_text())
 
 
-
 def test_a_study_with_no_evaluations_pretrains_and_reports_what_each_run_learned(tmp_path):
     """``evals=[]``: a study of pretraining only. Its runs train and its report says what each learned
     (learning.md, learning-curves.md, the cost); nothing is fine-tuned (no suite's folder, no comparison),
@@ -167,6 +166,7 @@ def test_a_study_with_no_evaluations_pretrains_and_reports_what_each_run_learned
     made = {p.name for p in (root / "report").iterdir()}
     assert {"learning.md", "learning-curves.md", "cost.md", "provenance.json"} <= made, made
     assert not [name for name in made if name.startswith("comparison")], made
+
 
 @pytest.mark.slow
 def test_the_quick_study_shows_what_pretraining_buys(tmp_path):
