@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Recipe arms on a GPU machine that lacks hydra (an offline node): install it from the carried wheels,
-# unpack the slot's inputs (the tokenized corpus), run the arms, archive their curves and report.
+# A study of pretraining only (recipe arms: a preset of conf/ablation/ with evals: []) on a GPU machine that
+# lacks hydra (an offline node): install it from the carried wheels, unpack the slot's inputs (the tokenized
+# corpus), run the study for at most [minutes], archive its runs' curves and its report.
 #
-#   bash experiments/arms_on_device.sh <arms.yaml> <inputs.tar.xz> <wheels dir> <out dir> [minutes] [overrides...]
+#   bash experiments/arms_on_device.sh <preset> <inputs.tar.xz> <wheels dir> <out dir> [minutes] [study overrides...]
 #
-# <out>/arms.tar.gz holds every arm's config, learning.csv and log, and the report (no weights).
+# <out>/arms.tar.gz holds every run's config, learning.csv and log, and the report (no weights).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ARMS=$1 INPUTS=$2 WHEELS=$3 OUT=$4 MINUTES=${5:-7}
+PRESET=$1 INPUTS=$2 WHEELS=$3 OUT=$4 MINUTES=${5:-7}
 shift 4; [ $# -gt 0 ] && shift
 PY=${PYTHON:-python3}
 WORK=${ARMS_WORK:-/tmp/pretrainlab-arms}
@@ -18,8 +19,8 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} WANDB_MODE=offline
 CORPUS=$("$PY" -c "from pretrainlab.slot.inputs import unpack; print(unpack('$INPUTS', '$WORK')[0] / 'corpus')")
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$WORK/gpu.txt" 2>/dev/null || true
 status=0
-"$PY" experiments/arms.py "$ARMS" --out "$WORK/arms" --jobs "${ARMS_JOBS:-10}" --minutes "$MINUTES" \
-  data.path="$CORPUS" "$@" || status=$?
+"$PY" experiments/ablate.py "+ablation=$PRESET" study=arms "output_root=$WORK" "corpus=$CORPUS" \
+  "minutes=$MINUTES" "$@" || status=$?
 cp "$WORK/gpu.txt" "$WORK/arms/" 2>/dev/null || true
-tar czf "$OUT/arms.tar.gz" -C "$WORK" --exclude=checkpoints --exclude='*.ckpt' arms
+tar czf "$OUT/arms.tar.gz" -C "$WORK" --exclude=checkpoints --exclude='*.ckpt' --exclude='*.safetensors' arms
 exit $status

@@ -1,93 +1,129 @@
-"""Recipe arms (pretrainlab.tools.arms): the arms file and command line checked before any run, when a
-head left its baseline read off its learning curve, and a whole command on the CPU."""
+"""Recipe arms: a study of pretraining only (``evals=[]``, the presets of ``conf/ablation/`` that ask a recipe
+question), its arms and shared settings checked before any run, when a head left its baseline read off its
+learning curve (``studies.recipe``), and a whole study on the CPU."""
 
 import json
+import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf, open_dict
 
+from pretrainlab.config import ConfigError
 from pretrainlab.objectives.learning import ABOVE, AT, PAST
-from pretrainlab.tools import arms
-from tests.conftest import SMALL
+from pretrainlab.studies import recipe
+from tests.conftest import ROOT, SMALL, compose_config
+
+QUOTED = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
 
 
-def _file(tmp_path, text, name="arms.yaml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+def _study(tmp_path, *extra: str, steps: int = 4):
+    pretrain = [*SMALL, f"max_steps={steps}", "val_every=2", "checkpoint_every=1000"]
+    return compose_config(
+        "ablate",
+        "study=arms",
+        f"output_root={tmp_path}",
+        "evals=[]",
+        "scratch=false",
+        "intrinsic=false",
+        f"pretrain={QUOTED(pretrain)}",
+        *extra,
+    )
 
 
 @pytest.mark.parametrize(
-    "text, says",
+    "key, value, says",
     [
-        ("arms: {}", "give `arms:`"),
-        ("common: [model=tiny]", "give `arms:`"),
-        ("arms: {a: objective=bert}", "must be a list of train.py overrides"),
-        ("arms: {'../up': [objective=bert]}", "not a safe folder name"),
-        ("arms: {'.': [objective=bert]}", "not a safe folder name"),
-        ("arms: {a: [objective=bert]}\nextra: 1", "unknown key(s) ['extra']"),
-        ("arms: {a: [objective=bert]}\ncommon: model=tiny", "`common` must be a list"),
-        ("arms: [", "not readable YAML"),
+        ("arms", {}, "names no arm"),
+        ("arms", {"a": "objective=bert"}, "arms.a: a list of train.py overrides"),
+        ("arms", {"../up": ["objective=bert"]}, "cannot name an arm"),
+        ("arms", {".": ["objective=bert"]}, "cannot name an arm"),
+        ("arms", {"scratch": ["objective=bert"]}, "cannot name an arm"),
+        ("arms", {"a": ["model=tiny"]}, "name the arm's objective once"),
+        ("arms", {"a": ["objective=bertt"]}, "objective=bertt is not one of conf/objective/"),
+        ("pretrain", "model=tiny", "pretrain: a list of train.py overrides"),
     ],
 )
-def test_an_arms_file_that_cannot_be_run_is_refused_naming_the_cause(tmp_path, text, says):
-    with pytest.raises(arms.ArmsError, match="arms.yaml") as e:
-        arms.load_arms(_file(tmp_path, text))
+def test_arms_or_shared_settings_that_cannot_be_run_are_refused_naming_the_cause(tmp_path, key, value, says):
+    from pretrainlab.studies.ablation import check_study
+
+    cfg = _study(tmp_path)
+    with open_dict(cfg):
+        cfg[key] = value
+    with pytest.raises(ConfigError, match="arms|pretrain") as e:
+        check_study(cfg)
     assert says in str(e.value)
+    assert not (tmp_path / "arms").exists()  # refused before anything was written
 
 
-def test_two_arms_that_compose_the_same_run_or_an_unknown_override_are_refused_before_any_run(tmp_path, capsys):
-    with pytest.raises(arms.ArmsError, match="arms 'a' and 'b' compose the same run"):
-        arms.compose_arms(["model=tiny"], {"a": ["objective=bert"], "b": ["objective=bert", "model=tiny"]})
-    with pytest.raises(arms.ArmsError, match="arm 'a'.*does not compose"):
-        arms.compose_arms([], {"a": ["objective=bert", "objective.no_such_key=1"]})
-    path = _file(tmp_path, "arms: {a: [objective=bert], b: [objective=roberta]}")
-    out = tmp_path / "out"
-    for argv, says in [
-        ([str(path), "--out", str(out), "--only", "c"], "--only c: not an arm"),
-        ([str(path), "--out", str(out), "--minutes", "-1"], "give a positive, finite number of minutes"),
-        ([str(path), "--out", str(out), "--minutes", "inf"], "give a positive, finite number of minutes"),
-        ([str(path), "--out", str(out), "--report-only"], "nothing to report"),
+def test_two_arms_that_compose_the_same_run_or_an_unknown_override_or_a_bad_time_limit_are_refused(tmp_path):
+    from pretrainlab.studies.ablation import check_study
+
+    same = 'arms={a: ["objective=bert"], b: ["objective=bert", "model=tiny"]}'
+    for extra, says in [
+        ((same,), "arms a and b compose the same pretraining run"),
+        (('arms={a: ["objective=bert", "objective.no_such_key=1"]}',), "no_such_key"),
+        (("minutes=-1",), "give a positive, finite number of minutes"),
+        (("minutes=inf",), "give a positive, finite number of minutes"),
+        (("minutes=5", "evals=[glue]"), "stops a study of pretraining only"),
     ]:
-        with pytest.raises(SystemExit):
-            arms.main(argv)
-        assert says in capsys.readouterr().err
-    assert not out.exists()  # refused before anything was written
+        with pytest.raises(Exception, match=says):
+            check_study(_study(tmp_path, *extra))
+    assert not (tmp_path / "arms" / "pretrain").exists()  # refused before any run
 
 
-def test_an_out_that_is_a_file_or_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path, capsys):
-    """--out must be a new or empty folder, or one an arms run made: a user's folder is never written
-    into (its report/report.md, logs/ and runs/ were once overwritten, exit 0)."""
-    path = _file(tmp_path, "arms: {a: [objective=bert], b: [objective=roberta]}")
+def test_a_study_folder_that_is_a_file_or_holds_other_files_is_refused_and_left_as_it_was(tmp_path):
+    """``<output_root>/<study>`` must be new or a study's own: a user's folder is never written into."""
+    from pretrainlab.studies.ablation import run_study
+
     mine = tmp_path / "mine"
-    (mine / "report").mkdir(parents=True)
-    (mine / "report" / "report.md").write_text("my own notes")
-    a_file = tmp_path / "notes.txt"
-    a_file.write_text("keep me")
-    for out, says in [(mine, "holds files an arms run did not make"), (a_file, "is a file")]:
-        with pytest.raises(SystemExit):
-            arms.main([str(path), "--out", str(out)])
-        assert says in capsys.readouterr().err
-    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["report", "report/report.md"]
-    assert (mine / "report" / "report.md").read_text() == "my own notes" and a_file.read_text() == "keep me"
+    (mine / "notes").mkdir(parents=True)
+    (mine / "notes" / "report.md").write_text("my own notes")
+    (tmp_path / "afile").write_text("keep me")
+    for study, says in [("mine", r"holds files a study did not make \(notes\)"), ("afile", "is a file")]:
+        with pytest.raises(ConfigError, match=says):
+            run_study(_study(tmp_path, f"study={study}", 'arms={a: ["objective=bert"], b: ["objective=roberta"]}'))
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["notes", "notes/report.md"]
+    assert (mine / "notes" / "report.md").read_text() == "my own notes"
+    assert (tmp_path / "afile").read_text() == "keep me"
 
 
 def test_an_arm_name_too_long_for_a_wandb_tag_is_refused(tmp_path):
+    from pretrainlab.studies.arms import study_arms
+
     name = "a" * 65
-    with pytest.raises(arms.ArmsError, match="1 to 64 letters"):
-        arms.load_arms(_file(tmp_path, f"arms: {{{name}: [objective=bert]}}"))
-    assert arms.load_arms(_file(tmp_path, f"arms: {{{name[:64]}: [objective=bert]}}"))[2]
+    cfg = _study(tmp_path)
+    with open_dict(cfg):
+        cfg.arms = {name: ["objective=bert"]}
+        with pytest.raises(ConfigError, match="1 to 64 letters"):
+            study_arms(cfg)
+        cfg.arms = {name[:64]: ["objective=bert"]}
+    assert list(study_arms(cfg)) == [name[:64]]
 
 
-def test_ctrl_c_stops_the_arms_with_the_command_that_continues_them(tmp_path, monkeypatch, caplog):
+def test_ctrl_c_stops_the_study_with_the_command_that_continues_it(tmp_path, monkeypatch, caplog):
+    import pretrainlab.studies.launch as launch
+    from pretrainlab.studies.ablation import run_study
+
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(arms, "run_parallel", interrupted)
-    path = _file(tmp_path, "arms: {a: [objective=bert], b: [objective=roberta]}")
-    assert arms.main([str(path), "--out", str(tmp_path / "out"), "model=tiny"]) == 130
-    assert "Ctrl-C: the arms stopped (each run saved its checkpoint). Continue them with:" in caplog.text
-    assert caplog.text.split("Continue them with:")[1].lstrip().startswith("python")  # this process's command
+    monkeypatch.setattr(launch, "run_parallel", interrupted)
+    cfg = _study(tmp_path, 'arms={a: ["objective=bert"], b: ["objective=roberta"]}', "jobs=2")
+    with pytest.raises(SystemExit) as stopped:
+        run_study(cfg)
+    assert stopped.value.code == 130
+    assert "Ctrl-C: the study arms stopped (a run in training saved its checkpoint). Continue it with:" in caplog.text
+    assert caplog.text.split("Continue it with:")[1].lstrip().startswith("python")  # this process's command
+    # the old entry point of recipe arms runs nothing, and names the command that does
+    old = subprocess.run(
+        [sys.executable, "experiments/arms.py", "experiments/arms/xlnet_lr.yaml", "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert old.returncode == 2 and "python experiments/ablate.py +ablation=xlnet_lr" in old.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def _row(step, *statuses):
@@ -105,52 +141,74 @@ def test_above_and_past_from_are_the_validations_a_head_stays_there_from():
         _row(400, ABOVE, PAST),
         _row(500, PAST, PAST),
     ]
-    assert arms.first(rows, "MLM at [MASK]", (ABOVE, PAST))["step"] == "400"  # step 200's was lost again at 300
-    assert arms.first(rows, "MLM at [MASK]", (PAST,))["step"] == "500"
-    assert arms.first(rows, "NSP", (PAST,))["step"] == "100"
-    assert arms.first(rows[:3], "MLM at [MASK]", (PAST,)) is None
-    table = arms.summary_rows({"a": ["objective=bert"]}, {"a": rows})
-    assert [r[2:5] for r in table] == [
-        ["MLM at [MASK]", "400 (4.0e+11)", "500 (5.0e+11)"],
-        ["NSP", "100 (1.0e+11)", "100 (1.0e+11)"],
+    assert recipe.first(rows, "MLM at [MASK]", (ABOVE, PAST))["step"] == "400"  # step 200's was lost again at 300
+    assert recipe.first(rows, "MLM at [MASK]", (PAST,))["step"] == "500"
+    assert recipe.first(rows, "NSP", (PAST,))["step"] == "100"
+    assert recipe.first(rows[:3], "MLM at [MASK]", (PAST,)) is None
+    table = recipe.summary_rows({"a-s0": ["objective=bert"]}, {"a-s0": rows})
+    assert [r[:5] for r in table] == [
+        ["a-s0", "objective=bert", "MLM at [MASK]", "400 (4.0e+11)", "500 (5.0e+11)"],
+        ["a-s0", "objective=bert", "NSP", "100 (1.0e+11)", "100 (1.0e+11)"],
     ]
 
 
 def test_arms_train_at_once_and_report_when_each_head_left_its_baseline(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(sys, "argv", ["experiments/arms.py"])
-    path = _file(
-        tmp_path,
-        "about: Two masking rates.\n"
-        f"common: [{', '.join(SMALL)}, max_steps=4, val_every=2, trainer.enable_progress_bar=false, export=false]\n"
-        "arms:\n  m15: [objective=roberta]\n  m30: [objective=roberta, objective.mask_rate=0.3]\n",
-    )
-    out = tmp_path / "out"
-    assert arms.main([str(path), "--out", str(out), "--jobs", "2"]) == 0
-    report = json.loads((out / "report" / "report.json").read_text())
-    assert report["columns"] == arms.COLUMNS and report["about"].startswith("Two masking rates.")
-    assert [(r[0], r[2]) for r in report["rows"]] == [("m15", "MLM at [MASK]"), ("m30", "MLM at [MASK]")]
-    assert all(r[5].startswith("4 (") for r in report["rows"])  # the last validation: step 4
-    assert all(r[7] in (AT, ABOVE, PAST) and 0 < float(r[8]) < 1 for r in report["rows"])
-    curves = (out / "report" / "curves.csv").read_text().splitlines()
-    assert curves[0].startswith("arm,step,") and [c.split(",")[:2] for c in curves[1:]] == [
-        ["m15", "2"],
-        ["m15", "4"],
-        ["m30", "2"],
-        ["m30", "4"],
+    """Two arms of a study of pretraining only, trained at once: the report (report.json, curves.csv: what
+    the docs publish) says when each head left its baseline; the same command again trains nothing and
+    writes the same report; the same folder with other arms is refused, naming the run that differs."""
+    from pretrainlab.studies.ablation import run_study
+
+    monkeypatch.setattr(sys, "argv", ["experiments/ablate.py"])
+    arms = 'arms={m15: ["objective=roberta"], m30: ["objective=roberta", "objective.mask_rate=0.3"]}'
+    about = "about='Two masking rates.'"
+    table = run_study(_study(tmp_path, arms, about, "jobs=2"))
+    report = tmp_path / "arms" / "report"
+    assert table["tasks"] == [] and sorted(table["learning"]) == ["m15-s0", "m30-s0"]
+    made = json.loads((report / "report.json").read_text())
+    assert made["columns"] == recipe.COLUMNS and made["about"].startswith("Two masking rates.")
+    assert [(r[0], r[1], r[2]) for r in made["rows"]] == [
+        ("m15-s0", "objective=roberta", "MLM at [MASK]"),
+        ("m30-s0", "objective=roberta objective.mask_rate=0.3", "MLM at [MASK]"),
     ]
-    assert json.loads((out / "report" / "provenance.json").read_text())["command"].startswith("python")
-    # the same folder with other arms is refused: its runs would be mixed with another experiment's
-    other = _file(tmp_path, path.read_text().replace("mask_rate=0.3", "mask_rate=0.4"), "other.yaml")
-    with pytest.raises(SystemExit):
-        arms.main([str(other), "--out", str(out)])
-    # --report-only trains nothing and writes the same report from the runs there
-    before = (out / "report" / "report.json").read_text()
-    assert arms.main([str(path), "--out", str(out), "--report-only"]) == 0
-    assert (out / "report" / "report.json").read_text() == before
-    # the same command again trains none of the arms that finished
-    curve = out / "runs" / "m15" / "learning.csv"
+    assert all(r[5].startswith("4 (") for r in made["rows"])  # the last validation: step 4
+    assert all(r[7] in (AT, ABOVE, PAST) and 0 < float(r[8]) < 1 for r in made["rows"])
+    curves = (report / "curves.csv").read_text().splitlines()
+    assert curves[0].startswith("arm,step,") and [c.split(",")[:2] for c in curves[1:]] == [
+        ["m15-s0", "2"],
+        ["m15-s0", "4"],
+        ["m30-s0", "2"],
+        ["m30-s0", "4"],
+    ]
+    assert json.loads((report / "provenance.json").read_text())["command"].startswith("python")
+    assert not list((tmp_path / "arms").rglob("seed*.json"))  # nothing was fine-tuned
+    # the same folder with other arms: its runs would be mixed with another experiment's
+    from pretrainlab.runtime.provenance import SettingsMismatch
+
+    with pytest.raises(SettingsMismatch, match="m30-s0 holds an encoder pretrained with other settings"):
+        run_study(_study(tmp_path, arms.replace("mask_rate=0.3", "mask_rate=0.4"), about, "jobs=2"))
+    # the same command again trains none of the runs that finished, and writes the same report
+    before = (report / "report.json").read_text()
+    curve = tmp_path / "arms" / "pretrain" / "m15-s0" / "learning.csv"
     stamp = curve.stat().st_mtime_ns
     with caplog.at_level("INFO", logger="pretrainlab"):
-        assert arms.main([str(path), "--out", str(out), "--jobs", "2"]) == 0
-    assert "arm m15: trained already" in caplog.text and "arm m30: trained already" in caplog.text
-    assert curve.stat().st_mtime_ns == stamp and (out / "report" / "report.json").read_text() == before
+        run_study(_study(tmp_path, arms, about, "jobs=2"))
+    assert caplog.text.count("pretraining roberta seed 0: done already") == 2, caplog.text  # both arms
+    assert curve.stat().st_mtime_ns == stamp
+    assert json.loads((report / "report.json").read_text())["rows"] == json.loads(before)["rows"]
+
+
+def test_the_recipe_presets_are_studies_of_pretraining_only_that_compose(tmp_path):
+    """Each recipe preset of conf/ablation/ (what experiments/arms/*.yaml were) composes into a study that
+    evaluates nothing and whose arms all train on the data its corpus names."""
+    from pretrainlab.studies.work import pretraining_runs, study_rows
+
+    recipes = [p.stem for p in sorted((ROOT / "conf" / "ablation").glob("*.yaml")) if "evals: []" in p.read_text()]
+    assert {"bert_pair_loss", "slot_recipe", "xlnet_collapse", "xlnet_lr"} <= set(recipes)
+    for name in recipes:
+        cfg = compose_config("ablate", f"+ablation={name}", f"output_root={tmp_path}", "corpus=/data/c")
+        assert OmegaConf.select(cfg, "about") and list(cfg.evals) == []
+        root, arms, fractions = study_rows(cfg)
+        runs = pretraining_runs(cfg, root, arms, fractions)
+        assert len(runs) == len(arms) >= 2
+        for _, train_cfg, _, _ in runs:
+            assert "/data/c" in str(train_cfg.data.get("path") or list(train_cfg.data.get("files") or []))

@@ -421,12 +421,19 @@ def test_each_published_ablation_preset_runs_scaled_down(tmp_path, preset):
     from pretrainlab.studies.ablation import run_study
     from pretrainlab.studies.arms import study_arms
 
-    cfg = _arms_study(tmp_path, f"+ablation={preset}", "suite.seeds=[0]", "seeds=[0]")
+    cfg = _arms_study(tmp_path, f"+ablation={preset}", "suite.seeds=[0]", "seeds=[0]", "jobs=1")
     OmegaConf.set_struct(cfg, False)
     cfg.pretrain = [o if not o.startswith("max_steps=") else "max_steps=20" for o in cfg.pretrain]
     arms = list(study_arms(cfg))
     assert len(arms) >= 2 and cfg.baseline in arms
+    if list(cfg.evals) == []:  # a recipe question: two of its arms (every arm composes: tests/test_arms.py)
+        arms = [cfg.baseline, next(a for a in arms if a != cfg.baseline)]
+        cfg.arms = {a: cfg.arms[a] for a in arms}
     table = run_study(cfg)
+    if list(cfg.evals) == []:  # a recipe question: a study of pretraining only, its report when each head learned
+        rows = json.loads((tmp_path / cfg.study / "report" / "report.json").read_text())["rows"]
+        assert sorted({r[0] for r in rows}) == sorted(f"{a}-s0" for a in arms) and table["tasks"] == []
+        return
     assert sorted(table["labels"]) == sorted([*arms, "scratch"])
     assert sorted(table["differences"]) == sorted([a for a in arms if a != cfg.baseline] + ["scratch"])
     md = (tmp_path / cfg.study / "report" / "comparison.md").read_text()

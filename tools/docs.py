@@ -24,7 +24,7 @@ Blocks (:data:`BLOCKS`): ``comparison`` (the comparison's main table; ``comparis
 comparison.md), ``differences`` (against the study's
 baseline), ``orderings`` (each column's encoders from best to worst, and how many differ from the baseline), ``learning`` (each run's heads against their trivial baselines), ``cost``, ``source``
 (the line that says where the numbers come from), ``table`` (a tool's ``report.json``: ``compare.measurements``), ``curves`` (an arms report's
-learning curves: ``pretrainlab.tools.arms``)
+learning curves: ``pretrainlab.studies.recipe``)
 and ``about`` (what that table measured, and what the tool concluded from it, in its own words). Value formats (:data:`FORMATS`): ``min`` and
 ``h`` (seconds as minutes or hours), ``int``, ``pct`` (a fraction as a percentage), or a Python
 format spec such as ``.3f``.
@@ -167,7 +167,7 @@ def _about(report: Path, link: str) -> str:
 
 
 def _curves(report: Path, link: str) -> str:
-    """An arms report's learning curves (``curves.csv``, ``pretrainlab.tools.arms``): a row per arm and
+    """A recipe report's learning curves (``curves.csv``, ``pretrainlab.studies.recipe``): a row per arm and
     head, a column per validation step, each cell the head's held-out value / the encoder's hidden cosine."""
     import csv
 

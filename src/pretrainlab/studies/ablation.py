@@ -82,6 +82,13 @@ def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) ->
             where = launcher(cfg, study, resume)
             with where.sharing(root / "logs"):
                 return _run(study, where, resume, timeline or (lambda phase: None))
+    except KeyboardInterrupt:  # its runs' processes got SIGTERM (studies.parallel): each saved its checkpoint
+        log.warning(
+            "Ctrl-C: the study %s stopped (a run in training saved its checkpoint). Continue it with:\n  %s",
+            cfg.study,
+            resume,
+        )
+        raise SystemExit(130) from None
     finally:
         unlock(root)
 

@@ -35,7 +35,13 @@ def study_arms(cfg: DictConfig) -> dict[str, list[str]]:
     arms = cfg.get("arms")
     written = OmegaConf.to_container(cfg, resolve=False)  # the keys as written (their values may interpolate)
     assert isinstance(written, dict)
-    check_not_owned(list(written.get("pretrain") or []), "pretrain", every_run=True)
+    pretrain = written.get("pretrain") or []
+    if not isinstance(pretrain, list) or not all(isinstance(o, str) and "=" in o for o in pretrain):
+        raise ConfigError(
+            f"pretrain: a list of train.py overrides (key=value) that every run shares, e.g. [model=tiny, "
+            f"max_steps=1000], got {pretrain!r}."
+        )
+    check_not_owned(list(pretrain), "pretrain", every_run=True)
     for objective, overrides in (written.get("objective_overrides") or {}).items():
         check_not_owned(list(overrides), f"objective_overrides.{objective}")
     if arms is not None and len(arms) == 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from pretrainlab.config import ConfigError, plain
 from pretrainlab.pretraining.snapshots import snapshot_dir
 from pretrainlab.runtime import mps
 from pretrainlab.runtime.settings import uses_cuda
+from pretrainlab.runtime.signals import TimeUp, deadline
 from pretrainlab.studies.parallel import Work, check_jobs, pretraining_work, run_parallel, suite_work
 from pretrainlab.studies.slurm import Planned, SlurmError, SlurmStudy, check_cluster, run_slurm
 from pretrainlab.studies.slurm import resources as slurm_resources
@@ -71,6 +73,22 @@ class Local(Launcher):
 
     def pretrain(self, study: StudyWork) -> bool:
         logs = study.root / "logs"
+        minutes = self.cfg.get("minutes")
+        if minutes and study.pending:  # every run a process: at the time, each is stopped and saves its checkpoint
+            checks = held_out_checks(self.cfg)
+            work = [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in study.pending]
+            started = time.time()
+            try:
+                with deadline(started + 60 * float(minutes), lambda: f"minutes={float(minutes):g} ran out"):
+                    run_parallel(work, self.jobs, self.resume)
+            except TimeUp as e:
+                log.warning(
+                    "%s after %.0f s: the pretraining runs were stopped (each saved its checkpoint); the report is "
+                    "what they validated, and the same command continues them",
+                    e,
+                    time.time() - started,
+                )
+            return True
         if self.jobs > 1 and len(study.pending) > 1:
             checks = held_out_checks(self.cfg)
             run_parallel(
@@ -116,6 +134,20 @@ def launcher(cfg: DictConfig, study: StudyWork, resume: str) -> Launcher:
     name = str(cfg.get("launcher", "local"))
     if name not in LAUNCHERS:
         raise ConfigError(f"launcher={name}: choose one of {', '.join(LAUNCHERS)} (conf/ablate.yaml).")
+    minutes = cfg.get("minutes")
+    if minutes is not None:
+        try:
+            given = float(minutes)
+        except (TypeError, ValueError):
+            given = float("nan")
+        if not (given > 0 and given != float("inf")):
+            raise ConfigError(f"minutes={minutes}: give a positive, finite number of minutes (or minutes=null).")
+        if study.tasks or name != "local":
+            raise ConfigError(
+                f"minutes={minutes} stops a study of pretraining only on this machine and reports what its runs "
+                f"validated: set evals=[] and launcher=local, or minutes=null (runs stopped early are no encoders "
+                f"to evaluate)."
+            )
     return Slurm(cfg, resume) if name == "slurm" else Local(cfg, study, resume)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -16,9 +17,10 @@ from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import report_provenance
 from pretrainlab.runtime.script import rerun_command
-from pretrainlab.studies.arms import arms_preface
+from pretrainlab.studies.arms import arm_overrides, arms_preface, study_arms
 from pretrainlab.studies.cost import cost_report
 from pretrainlab.studies.intrinsic import at_baseline, intrinsic_markdown, intrinsic_report, learning_preface
+from pretrainlab.studies.recipe import write_recipe_report
 
 log = logging.getLogger("pretrainlab")
 
@@ -98,7 +100,11 @@ def _report_pretraining(
     cfg: DictConfig, runs: list[Path], report: Path, learned: dict, recorded: bool, wall_s: dict[str, float] | None
 ) -> dict:
     """The report of a study that pretrains only: what each run learned (``learning.md`` and
-    ``learning-curves.md``, written already), its held-out checks, cost and provenance."""
+    ``learning-curves.md``, written already), when each head left its baseline (``studies.recipe``), its
+    held-out checks, cost and provenance."""
+    arms = study_arms(cfg)
+    own = {run.name: arm_overrides(cfg, arm) for run in runs if (arm := re.sub(r"-s\d+$", "", run.name)) in arms}
+    write_recipe_report(runs, report, own, list(cfg.pretrain), str(cfg.get("about") or ""))
     if flagged := at_baseline(learned):
         log.warning(
             "%d of %d pretraining runs are still at their trivial baseline (%s)",
@@ -107,7 +113,7 @@ def _report_pretraining(
             ", ".join(sorted(flagged)),
         )
     _checks_cost_provenance(cfg, runs, report, recorded, wall_s)
-    log.info("report -> %s (learning.md, learning-curves.md: a study of pretraining only, evals=[])", report)
+    log.info("report -> %s (report.md, learning.md, learning-curves.md: a study of pretraining only, evals=[])", report)
     return {"tasks": [], "learning": learned}
 
 

@@ -22,7 +22,7 @@ from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences
-from pretrainlab.runtime.rundir import latest_checkpoint
+from pretrainlab.runtime.rundir import LOCK, latest_checkpoint
 from pretrainlab.studies.arms import pretraining_config, set_group, study_arms
 from pretrainlab.studies.parallel import Work, suite_work
 from pretrainlab.studies.suite import plan_suite, task_config
@@ -103,11 +103,32 @@ def suite_label(root: Path, encoder: Path, init: str) -> str:
     return f"{label}-scratch" if init == "scratch" else label
 
 
+# what a study makes in its directory: its runs, report, logs (Hydra's too), SLURM jobs, merged slots, its lock,
+# and in a GPU slot (pretrainlab.slot) the calibration and the budget it planned
+STUDY_ENTRIES = ("pretrain", "report", "logs", "slurm", "slots", LOCK, "calibration", "plan.json")
+
+
+def check_study_dir(root: Path) -> None:
+    """``<output_root>/<study>``, before anything is written into it: a new folder, or one a study made
+    (nothing in it but what a study makes: :data:`STUDY_ENTRIES`), never a file or a folder of other files."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} is a file: give the study a folder (study=<name> or output_root=<dir>).")
+    if not root.is_dir():
+        return
+    foreign = sorted(p.name for p in root.iterdir() if p.name not in STUDY_ENTRIES)
+    if foreign:
+        raise ConfigError(
+            f"{root} holds files a study did not make ({', '.join(foreign[:5])}): give the study another name "
+            f"(study=<name>) or output_root=<dir>, so that nothing there is overwritten."
+        )
+
+
 def study_rows(cfg: DictConfig) -> tuple[Path, dict[str, list[str]], list[float]]:
     """The study's directory, arms and snapshot fractions, checked: every arm's objective one of
     ``conf/objective/``, the baseline one of the rows, every evaluation known."""
     settle_suite(cfg)
     root = Path(cfg.output_root).expanduser() / cfg.study
+    check_study_dir(root)
     arms = study_arms(cfg)
     fractions = check_fractions([f for f in cfg.get("snapshots") or [] if float(f) != 1.0])
     baseline = cfg.get("baseline")
