@@ -126,6 +126,24 @@ def test_ctrl_c_stops_the_study_with_the_command_that_continues_it(tmp_path, mon
     assert not (tmp_path / "o").exists()
 
 
+def test_a_time_limit_stops_the_runs_and_the_report_says_what_they_validated(tmp_path, caplog):
+    """``minutes``: when it runs out, every run still training is stopped (each saves its checkpoint) and the
+    study reports what they validated, instead of ending without a report."""
+    from pretrainlab.studies.ablation import run_study
+
+    cfg = _study(
+        tmp_path, 'arms={a: ["objective=bert"], b: ["objective=roberta"]}', "jobs=2", "minutes=0.4", steps=100000
+    )
+    with caplog.at_level("WARNING", logger="pretrainlab"):
+        table = run_study(cfg)
+    assert "minutes=0.4 ran out" in caplog.text and table["tasks"] == []
+    rows = json.loads((tmp_path / "arms" / "report" / "report.json").read_text())["rows"]
+    assert sorted({r[0] for r in rows}) == ["a-s0", "b-s0"]
+    for run in ("a-s0", "b-s0"):  # stopped, not finished: a checkpoint to continue from, no encoder yet
+        assert (tmp_path / "arms" / "pretrain" / run / "checkpoints" / "last.ckpt").is_file()
+        assert not (tmp_path / "arms" / "pretrain" / run / "encoder").exists()
+
+
 def _row(step, *statuses):
     row = {"step": str(step), "tokens": str(step * 10), "flops": str(step * 1e9)}
     for head, status in zip(["MLM at [MASK]", "NSP"], statuses, strict=False):
