@@ -155,6 +155,16 @@ def check_arm_names(overrides: list[str]) -> None:
             raise ConfigError(f"arms: {', '.join(twice)} named twice in {override!r}: give each arm one name.")
 
 
+def run_name(arm: str, seed: int) -> str:
+    """The folder (and W&B name) of the study's run of ``arm`` and ``seed``."""
+    return f"{arm}-s{seed}"
+
+
+def arm_of(run: str) -> str:
+    """The arm a run's folder name (:func:`run_name`) belongs to."""
+    return re.sub(r"-s\d+$", "", run)
+
+
 def arm_objective(overrides: list[str]) -> str:
     """The objective an arm's overrides (``study_arms``) pretrain."""
     return overrides[0].split("=", 1)[1]
@@ -189,7 +199,7 @@ def pretraining_config(
     set_group(train_cfg, cfg.study)
     logger = train_cfg.get("logger")
     if arm != objective and logger and "name" in logger and "tags" in logger:  # W&B: the run by its arm, tagged
-        logger.name = f"{arm}-s{seed}"
+        logger.name = run_name(arm, seed)
         logger.tags = [*(logger.get("tags") or []), arm]
     train_cfg.export = True
     return train_cfg, choices

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from pathlib import Path
 from typing import cast
 
@@ -36,6 +35,7 @@ from pretrainlab.pretraining.learning_log import FILE, heads, read_rows
 from pretrainlab.pretraining.run import build_data
 from pretrainlab.runtime.checkpoints import read
 from pretrainlab.runtime.settings import uses_cuda
+from pretrainlab.studies.arms import arm_of
 
 log = logging.getLogger("pretrainlab")
 
@@ -243,7 +243,7 @@ def _plot_learning(curves: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     # One colour per objective (a run's name without its "-s<seed>"), one line style per head: the
     # seeds of an objective share a colour and a legend entry instead of cycling through the palette.
-    group = {run: re.sub(r"-s\d+$", "", run) for run, _ in curves}
+    group = {run: arm_of(run) for run, _ in curves}
     colours = {g: f"C{i % 10}" for i, g in enumerate(sorted(set(group.values())))}
     styles: dict[str, str] = {}
     labelled = set()

@@ -74,12 +74,18 @@ class Local(Launcher):
     def pretrain(self, study: StudyWork) -> bool:
         logs = study.root / "logs"
         minutes = self.cfg.get("minutes")
-        if minutes and study.pending:  # every run a process: at the time, each is stopped and saves its checkpoint
+        # as processes: several at once, or under a time limit (each stopped at the time saves its checkpoint)
+        if study.pending and (minutes or (self.jobs > 1 and len(study.pending) > 1)):
             checks = held_out_checks(self.cfg)
             work = [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in study.pending]
             started = time.time()
+            limit = (
+                deadline(started + 60 * float(minutes), lambda: f"minutes={float(minutes):g} ran out")
+                if minutes
+                else contextlib.nullcontext()
+            )
             try:
-                with deadline(started + 60 * float(minutes), lambda: f"minutes={float(minutes):g} ran out"):
+                with limit:
                     run_parallel(work, self.jobs, self.resume)
             except TimeUp as e:
                 log.warning(
@@ -88,14 +94,6 @@ class Local(Launcher):
                     e,
                     time.time() - started,
                 )
-            return True
-        if self.jobs > 1 and len(study.pending) > 1:
-            checks = held_out_checks(self.cfg)
-            run_parallel(
-                [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in study.pending],
-                self.jobs,
-                self.resume,
-            )
         else:  # in this process; the report computes the held-out checks
             for r, c, ch in study.pending:
                 pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", "none").run(self.resume)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -17,7 +16,7 @@ from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import report_provenance
 from pretrainlab.runtime.script import rerun_command
-from pretrainlab.studies.arms import arm_overrides, arms_preface, study_arms
+from pretrainlab.studies.arms import arm_of, arm_overrides, arms_preface, study_arms
 from pretrainlab.studies.cost import cost_report
 from pretrainlab.studies.intrinsic import at_baseline, intrinsic_markdown, intrinsic_report, learning_preface
 from pretrainlab.studies.recipe import write_recipe_report
@@ -70,16 +69,9 @@ def report_study(
         learning=learned,
     )
     print(to_markdown(table))
-    if flagged := at_baseline(learned):
-        log.warning(
-            "%d of %d pretraining runs are still at their trivial baseline (%s): the comparison measures "
-            "nothing of their objectives yet; see %s",
-            len(flagged),
-            len(learned),
-            ", ".join(sorted(flagged)),
-            report / "learning.md",
-        )
-    _checks_cost_provenance(cfg, runs, report, recorded, wall_s)
+    _checks_cost_provenance(
+        cfg, runs, report, learned, recorded, wall_s, "the comparison measures nothing of their objectives yet"
+    )
     log.info("report -> %s (comparison.md, .csv, .png)", report)
     if recorded:  # brought back from elsewhere: its runs logged where they ran
         return table
@@ -102,24 +94,36 @@ def _report_pretraining(
     """The report of a study that pretrains only: what each run learned (``learning.md`` and
     ``learning-curves.md``, written already), when each head left its baseline (``studies.recipe``), its
     held-out checks, cost and provenance."""
-    arms = study_arms(cfg)
-    own = {run.name: arm_overrides(cfg, arm) for run in runs if (arm := re.sub(r"-s\d+$", "", run.name)) in arms}
+    by_arm = {arm: arm_overrides(cfg, arm) for arm in study_arms(cfg)}
+    own = {run.name: by_arm[arm_of(run.name)] for run in runs if arm_of(run.name) in by_arm}
     write_recipe_report(runs, report, own, list(cfg.pretrain), str(cfg.get("about") or ""))
-    if flagged := at_baseline(learned):
-        log.warning(
-            "%d of %d pretraining runs are still at their trivial baseline (%s)",
-            len(flagged),
-            len(learned),
-            ", ".join(sorted(flagged)),
-        )
-    _checks_cost_provenance(cfg, runs, report, recorded, wall_s)
+    _checks_cost_provenance(
+        cfg, runs, report, learned, recorded, wall_s, "they have learned nothing of their objectives yet"
+    )
     log.info("report -> %s (report.md, learning.md, learning-curves.md: a study of pretraining only, evals=[])", report)
     return {"tasks": [], "learning": learned}
 
 
 def _checks_cost_provenance(
-    cfg: DictConfig, runs: list[Path], report: Path, recorded: bool, wall_s: dict[str, float] | None
+    cfg: DictConfig,
+    runs: list[Path],
+    report: Path,
+    learned: dict,
+    recorded: bool,
+    wall_s: dict[str, float] | None,
+    meaning: str,
 ) -> None:
+    """What every study's report ends with: the runs still at their trivial baseline named (``meaning``:
+    what that means for this report), the held-out checks, the cost and the provenance."""
+    if flagged := at_baseline(learned):
+        log.warning(
+            "%d of %d pretraining runs are still at their trivial baseline (%s): %s; see %s",
+            len(flagged),
+            len(learned),
+            ", ".join(sorted(flagged)),
+            meaning,
+            report / "learning.md",
+        )
     if cfg.get("intrinsic", True):
         print("\n" + intrinsic_markdown(intrinsic_report(runs, report, recorded)))
     cost = cost_report(runs, report, jobs=int(cfg.get("jobs", 1)), wall_s=wall_s)

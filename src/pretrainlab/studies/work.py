@@ -23,7 +23,7 @@ from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences
 from pretrainlab.runtime.rundir import LOCK, latest_checkpoint
-from pretrainlab.studies.arms import pretraining_config, set_group, study_arms
+from pretrainlab.studies.arms import pretraining_config, run_name, set_group, study_arms
 from pretrainlab.studies.parallel import Work, suite_work
 from pretrainlab.studies.suite import plan_suite, task_config
 
@@ -149,7 +149,7 @@ def pretraining_runs(cfg: DictConfig, root: Path, arms: dict[str, list[str]], fr
     composed: dict[str, Any] = {}
     for arm in arms:
         for seed in dict.fromkeys(int(s) for s in cfg.seeds):
-            run_dir = root / "pretrain" / f"{arm}-s{seed}"
+            run_dir = root / "pretrain" / run_name(arm, seed)
             train_cfg, choices = pretraining_config(cfg, arm, seed, fractions)
             if arm not in composed:
                 mine = OmegaConf.to_container(train_cfg, resolve=True)
