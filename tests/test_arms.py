@@ -144,6 +144,57 @@ def test_a_time_limit_stops_the_runs_and_the_report_says_what_they_validated(tmp
         assert not (tmp_path / "arms" / "pretrain" / run / "encoder").exists()
 
 
+def test_deadlines_nest_each_raising_its_own_and_the_outer_goes_on_after_the_inner():
+    """An inner deadline (a study's ``minutes``) inside an outer one (a GPU slot's time): whichever comes
+    first is raised as its own, and leaving the inner one re-arms the outer for what is left of its time."""
+    import time
+
+    from pretrainlab.runtime.signals import TimeUp, deadline
+
+    now = time.time()
+    with pytest.raises(TimeUp) as up:  # the outer first: raised inside the inner one, as the outer's
+        with deadline(now + 0.2, lambda: "outer") as outer:
+            with deadline(now + 30, lambda: "inner"):
+                time.sleep(5)
+    assert str(up.value) == "outer" and up.value.limit is outer and time.time() - now < 2
+    now = time.time()
+    with pytest.raises(TimeUp) as up:
+        with deadline(now + 0.6, lambda: "outer") as outer:
+            with pytest.raises(TimeUp) as inner_up:
+                with deadline(now + 0.1, lambda: "inner") as inner:
+                    time.sleep(5)
+            assert inner_up.value.limit is inner and str(inner_up.value) == "inner"
+            time.sleep(5)  # the outer deadline is armed again: it stops this
+    assert up.value.limit is outer and 0.5 < time.time() - now < 2
+
+
+def test_a_slots_time_running_out_during_a_studys_runs_stops_the_study_not_only_its_runs(tmp_path):
+    """The study's own ``minutes`` are caught and reported; an enclosing command's time (a GPU slot's
+    deadline) running out while the study's runs train goes on up and stops the study (it once was taken
+    for the study's own, and the slot went on to report runs that had not started)."""
+    import time
+
+    import pretrainlab.studies.launch as launch
+    from pretrainlab.runtime.signals import TimeUp, deadline
+    from pretrainlab.studies.ablation import run_study
+
+    slot = None
+
+    def training(*args, **kwargs):  # the slot's time runs out while the runs train
+        raise TimeUp("the slot's time", slot)
+
+    cfg = _study(tmp_path, 'arms={a: ["objective=bert"], b: ["objective=roberta"]}', "jobs=2")
+    for extra in ({}, {"minutes": 5}):  # processes at once, with or without a time limit of the study's own
+        with open_dict(cfg):
+            cfg.update(extra)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(launch, "run_parallel", training)
+            with pytest.raises(TimeUp, match="the slot's time") as up:
+                with deadline(time.time() + 600, lambda: "the slot's time") as slot:
+                    run_study(cfg)
+        assert up.value.limit is slot and not (tmp_path / "arms" / "report").exists()
+
+
 def _row(step, *statuses):
     row = {"step": str(step), "tokens": str(step * 10), "flops": str(step * 1e9)}
     for head, status in zip(["MLM at [MASK]", "NSP"], statuses, strict=False):

@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -212,27 +212,45 @@ def exit_on_signal(what: str, hint: str):
 class TimeUp(BaseException):
     """A command's time ran out (:func:`deadline`): raised in the main thread, it stops the work in
     progress as Ctrl-C does (``studies.parallel`` sends every process SIGTERM) and lets the command
-    write what finished."""
+    write what finished. ``limit``: the :func:`deadline` that ran out (what it yielded), so that code
+    holding a limit of its own inside another's catches its own and lets the other's go on up."""
+
+    def __init__(self, message: str, limit: object = None):
+        super().__init__(message)
+        self.limit = limit
 
 
 @contextmanager
-def deadline(at: float, message: Callable[[], str]):
+def deadline(at: float, message: Callable[[], str]) -> Iterator[object]:
     """Raise :class:`TimeUp` (``message()``, at the moment it is raised) in this thread at ``at``
-    (``time.time()``). Without interval timers (Windows) nothing is stopped."""
+    (``time.time()``); yields the limit that the error names (``TimeUp.limit``). Deadlines nest: inside
+    another, the earlier of the two is raised as its own, and leaving the inner one re-arms the outer
+    one for what is left of its time. Without interval timers (Windows) nothing is stopped."""
+    limit = object()
     if not hasattr(signal, "setitimer"):
-        yield
+        yield limit
         return
+    outer_s, _ = signal.getitimer(signal.ITIMER_REAL)  # an enclosing deadline's time left, 0 when none
+    outer_at = time.time() + outer_s if outer_s > 0 else None
+    previous = signal.getsignal(signal.SIGALRM)
 
-    def stop(signum: int, frame: Any) -> NoReturn:
-        raise TimeUp(message())
+    def stop(signum: int, frame: Any) -> None:
+        if time.time() >= at - 0.005:
+            raise TimeUp(message(), limit)
+        if callable(previous):
+            previous(signum, frame)  # the enclosing deadline's time came first: its own error
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))  # an alarm not ours: wait for ours
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))
+    signal.signal(signal.SIGALRM, stop)
+    first = at if outer_at is None else min(at, outer_at)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, first - time.time()))
     try:
-        yield
+        yield limit
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_at is not None:  # the enclosing deadline goes on with what is left of its time
+            signal.setitimer(signal.ITIMER_REAL, max(0.01, outer_at - time.time()))
 
 
 __all__ = [

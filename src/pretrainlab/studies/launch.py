@@ -84,10 +84,13 @@ class Local(Launcher):
                 if minutes
                 else contextlib.nullcontext()
             )
+            mine = None
             try:
-                with limit:
+                with limit as mine:
                     run_parallel(work, self.jobs, self.resume)
             except TimeUp as e:
+                if mine is None or e.limit is not mine:
+                    raise  # an enclosing command's time (a GPU slot's): it stops the whole study
                 log.warning(
                     "%s after %.0f s: the pretraining runs were stopped (each saved its checkpoint); the report is "
                     "what they validated, and the same command continues them",
