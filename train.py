@@ -16,6 +16,9 @@ import pretrainlab.runtime.hydra  # noqa: F401  (the resolver --help uses)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    from pretrainlab.runtime.early import import_wandb_first
+
+    import_wandb_first(cfg.get("logger"))  # before torch: its first run costs 2 s less (runtime.early)
     from pretrainlab.pretraining.run import run  # here: --help and --cfg answer without loading torch
 
     run(cfg)

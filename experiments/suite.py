@@ -30,6 +30,9 @@ DEPRECATED = (
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from pretrainlab.runtime.early import import_wandb_first
+
+    import_wandb_first(cfg.get("logger"))  # before torch: its first run costs 2 s less (runtime.early)
     from pretrainlab.runtime.script import rerun_command
     from pretrainlab.runtime.signals import exit_on_signal
     from pretrainlab.studies.suite import run_suite  # here: --help and --cfg answer without loading torch

@@ -9,5 +9,6 @@ script.py       a run's skeleton: directory, process set-up, config, progress ba
 checkpoints.py  checkpoints read without code, written atomically, checked on resume
 signals.py      SIGTERM / Ctrl-C: finish the step, save, exit; DataLoader workers leave it to us
 wandb_runs.py   everything said to or read from W&B
+early.py        W&B imported before torch by the commands that log there (its first run costs less)
 malloc.py       glibc keeps freed memory between steps
 """

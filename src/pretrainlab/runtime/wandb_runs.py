@@ -25,6 +25,8 @@ from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
+from pretrainlab.runtime.early import logs_to_wandb
+
 log = logging.getLogger("pretrainlab")
 
 
@@ -38,13 +40,7 @@ class WandbLogger(pl_loggers.WandbLogger):
             self._wandb_init.pop("anonymous", None)
 
 
-def enabled(logger_cfg: Any) -> bool:
-    """Whether a ``logger`` config node logs to W&B (its target is a WandbLogger, not disabled)."""
-    return (
-        bool(logger_cfg)
-        and str(logger_cfg.get("_target_", "")).endswith("WandbLogger")
-        and (logger_cfg.get("mode") != "disabled")
-    )
+enabled = logs_to_wandb  # whether a logger config logs to W&B (runtime.early, which imports no torch)
 
 
 def init_kwargs(logger_cfg: Any, run_dir: Path, name: str, group: str, job_type: str, resume: bool) -> dict[str, Any]:

@@ -29,9 +29,11 @@ import threading
 import time
 from pathlib import Path
 
-# what a study's process imports: the work's own module (torch, Lightning, the package), and what its
-# runs import when they start (W&B's run, the learning report's tables, the data pipeline's arrow files)
-PRELOAD = ("pretrainlab.studies.parallel", "pretrainlab.data.arrow", "pandas", "wandb", "wandb.sdk.wandb_run")
+from pretrainlab.runtime.early import WANDB_MODULES
+
+# what a study's process imports: what its runs import when they start (W&B's run, first: runtime.early), the
+# work's own module (torch, Lightning, the package), the learning report's tables, the data pipeline's arrow files
+PRELOAD = (*WANDB_MODULES, "pretrainlab.studies.parallel", "pretrainlab.data.arrow", "pandas")
 
 
 class ForkServerError(RuntimeError):

@@ -2,6 +2,7 @@
 
     python experiments/bench_startup.py                       # 4 processes each way, the study's imports
     python experiments/bench_startup.py --processes 8 --report runs/bench-startup
+    python experiments/bench_startup.py --wandb               # each process also starts an offline W&B run
 
 Each process is what a study's process is up to its first step of work: it imports what a study's work
 imports (``studies.parallel``: torch, Lightning, the package) and exits; ``--module`` runs another
@@ -9,6 +10,10 @@ imports (``studies.parallel``: torch, Lightning, the package) and exits; ``--mod
 from a ``studies.forkserver.ForkServer`` (its own imports included), each way's wall-clock until the last
 one ended and its CPU seconds (every process, the server's included: this process's children's usage), and
 the ratio fresh / forked. The processes share this machine's cores, as a study's do.
+
+``--wandb``: each process also starts (and finishes) an offline W&B run, as a run that logs to W&B does, and
+the fresh ones are started twice: importing W&B after torch, then first (``runtime.early``, what the commands
+do), which its first run makes cheaper.
 """
 
 from __future__ import annotations
@@ -71,27 +76,50 @@ def main(argv: list[str] | None = None) -> int:
         help="what each process runs (python -m <module>; default: "
         "one that imports what a study's process imports, then exits)",
     )
+    parser.add_argument("--wandb", action="store_true", help="each process also starts an offline W&B run")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # one of those processes
+    parser.add_argument("--wandb-order", choices=("after", "first"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--preload", default=None, help="what the fork server imports (default: the study's)")
     parser.add_argument("--report", type=Path, default=None, help="write a report here (docs publish takes it)")
     args = parser.parse_args(argv)
     if args.probe:  # a process's start: what a study's work imports, then its work would begin
         import importlib
 
+        from pretrainlab.runtime.early import import_wandb_first
+
+        if args.wandb_order == "first":
+            import_wandb_first(True)
         importlib.import_module(WORK)
+        if args.wandb_order:
+            _wandb_run()
         return 0
     if args.processes < 1:
         parser.error(f"--processes {args.processes}: give 1 or more")
     from pretrainlab.studies.forkserver import PRELOAD
 
     preload = tuple(p for p in (args.preload.split(",") if args.preload else PRELOAD) if p)
-    command = ["-m", args.module] if args.module else ["-m", "pretrainlab.tools.bench_startup", "--probe"]
-    with tempfile.TemporaryDirectory(prefix="pretrainlab-startup-") as tmp:
-        f_wall, f_cpu = fresh(command, args.processes, Path(tmp))
-        k_wall, k_cpu = forked(command, args.processes, Path(tmp), preload)
+    if args.module and args.wandb:
+        parser.error("--wandb times this tool's own probe: leave out --module")
+    probe = ["-m", "pretrainlab.tools.bench_startup", "--probe"]
+    command = ["-m", args.module] if args.module else probe + (["--wandb-order", "first"] if args.wandb else [])
     n = args.processes
-    rows = [
-        ["fresh", n, f"{f_wall:.1f}", f"{f_cpu:.1f}", f"{f_cpu / n:.1f}"],
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pretrainlab-startup-") as tmp:
+        os.environ.setdefault("WANDB_DIR", tmp)  # the probes' offline W&B runs, gone with the folder
+        os.environ.setdefault("WANDB_SILENT", "true")
+        if args.wandb:
+            a_wall, a_cpu = fresh([*probe, "--wandb-order", "after"], n, Path(tmp))
+            rows.append(["fresh, W&B imported after torch", n, f"{a_wall:.1f}", f"{a_cpu:.1f}", f"{a_cpu / n:.1f}"])
+        f_wall, f_cpu = fresh(command, n, Path(tmp))
+        k_wall, k_cpu = forked(command, n, Path(tmp), preload)
+    rows += [
+        [
+            "fresh" + (", W&B imported first" if args.wandb else ""),
+            n,
+            f"{f_wall:.1f}",
+            f"{f_cpu:.1f}",
+            f"{f_cpu / n:.1f}",
+        ],
         ["forked (server included)", n, f"{k_wall:.1f}", f"{k_cpu:.1f}", f"{k_cpu / n:.1f}"],
     ]
     about = (
@@ -99,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         f"that imports {', '.join(preload)}; {os.cpu_count()} cores. Fresh / forked: CPU {f_cpu / k_cpu:.1f}x, "
         f"wall-clock {f_wall / k_wall:.1f}x."
     )
+    if args.wandb:
+        about += (
+            f" Each process also starts an offline W&B run; with W&B imported after torch, its fresh processes "
+            f"took {a_cpu / n:.1f} s of CPU each, {a_cpu / f_cpu:.2f}x the {f_cpu / n:.1f} s with W&B first."
+        )
     print(about)
     for row in rows:
         print(f"  {row[0]:26s} wall {row[2]:>6s} s   CPU {row[3]:>6s} s   ({row[4]} s a process)")
@@ -109,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         write_table_report(args.report, "Starting a study's processes: fresh against forked", columns, rows, about)
         print(f"report -> {args.report} (python tools/docs.py publish {args.report} --name <name>)")
     return 0
+
+
+def _wandb_run() -> None:
+    """An offline W&B run started and finished, as a run that logs to W&B does (into ``WANDB_DIR``)."""
+    import wandb
+
+    wandb.init(project="bench-startup", mode="offline")
+    wandb.finish()
 
 
 if __name__ == "__main__":
