@@ -233,13 +233,16 @@ def deadline(at: float, message: Callable[[], str]) -> Iterator[object]:
     outer_s, _ = signal.getitimer(signal.ITIMER_REAL)  # an enclosing deadline's time left, 0 when none
     outer_at = time.time() + outer_s if outer_s > 0 else None
     previous = signal.getsignal(signal.SIGALRM)
+    outer_fired = False
 
     def stop(signum: int, frame: Any) -> None:
+        nonlocal outer_fired
         if time.time() >= at - 0.005:
             raise TimeUp(message(), limit)
-        if callable(previous):
-            previous(signum, frame)  # the enclosing deadline's time came first: its own error
-        signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))  # an alarm not ours: wait for ours
+        if outer_at is not None and not outer_fired and callable(previous):
+            outer_fired = True  # the enclosing deadline's time came first: its own error, raised once
+            previous(signum, frame)
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, at - time.time()))  # not ours yet: wait for ours
 
     signal.signal(signal.SIGALRM, stop)
     first = at if outer_at is None else min(at, outer_at)
@@ -249,7 +252,7 @@ def deadline(at: float, message: Callable[[], str]) -> Iterator[object]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if outer_at is not None:  # the enclosing deadline goes on with what is left of its time
+        if outer_at is not None and not outer_fired:  # the enclosing deadline goes on with what is left of its time
             signal.setitimer(signal.ITIMER_REAL, max(0.01, outer_at - time.time()))
 
 
