@@ -138,3 +138,42 @@ def test_the_startup_bench_times_both_ways_and_writes_its_report(tmp_path, capsy
     assert [row[0] for row in report["rows"]] == ["fresh", "forked (server included)"]
     assert all(row[1] == 2 and float(row[3]) > 0 for row in report["rows"])
     assert "Fresh / forked: CPU " in report["about"] and "Fresh / forked" in capsys.readouterr().out
+
+
+def test_the_startup_bench_with_wandb_times_wandb_after_torch_and_first(tmp_path, monkeypatch, capsys):
+    """--wandb: the probes start an offline W&B run; fresh processes are started twice (W&B imported after
+    torch, then first) and forked once, and the report says the ratio of the two fresh ways."""
+    import json
+
+    from pretrainlab.tools import bench_startup
+
+    started = []
+
+    def fresh(command, processes, logs, env):
+        started.append(("fresh", command[-1], env["WANDB_DIR"] == str(logs)))
+        return 1.0, 12.0 if command[-1] == "after" else 8.0
+
+    def forked(command, processes, logs, preload, env):
+        started.append(("forked", command[-1], preload[0] == "wandb"))
+        return 0.5, 4.0
+
+    monkeypatch.setattr(bench_startup, "fresh", fresh)
+    monkeypatch.setattr(bench_startup, "forked", forked)
+    assert bench_startup.main(["--processes", "2", "--wandb", "--report", str(tmp_path / "r")]) == 0
+    assert started == [("fresh", "after", True), ("fresh", "first", True), ("forked", "first", True)]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [row[0] for row in report["rows"]] == [
+        "fresh, W&B imported after torch",
+        "fresh, W&B imported first",
+        "forked (server included)",
+    ]
+    assert [row[4] for row in report["rows"]] == ["6.0", "4.0", "2.0"]
+    assert "took 6.0 s of CPU each, 1.50x the 4.0 s with W&B first" in report["about"]
+    with pytest.raises(SystemExit):
+        bench_startup.main(["--wandb", "--module", "this"])
+    assert "--wandb times this tool's own probe" in capsys.readouterr().err
+    # the probe itself: the study's imports, then an offline W&B run, written where it is told
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    assert bench_startup.main(["--probe", "--wandb-order", "after"]) == 0
+    assert list((tmp_path / "wandb").glob("offline-run-*"))

@@ -35,27 +35,29 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def fresh(command: list[str], processes: int, logs: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of ``processes`` fresh ``python <command>`` at once."""
+def fresh(command: list[str], processes: int, logs: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``processes`` fresh ``python <command>`` at once, in ``env``."""
     cpu, started = _children_cpu(), time.perf_counter()
     procs = []
     for i in range(processes):
         with open(logs / f"fresh-{i}.log", "ab") as out:
-            procs.append(subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
         raise RuntimeError(f"a fresh process failed (exit statuses {codes}): see {logs}")
     return time.perf_counter() - started, _children_cpu() - cpu
 
 
-def forked(command: list[str], processes: int, logs: Path, preload: tuple[str, ...]) -> tuple[float, float]:
+def forked(
+    command: list[str], processes: int, logs: Path, preload: tuple[str, ...], env: dict[str, str]
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``processes`` ``python <command>`` forked at once from a fork server
-    that imports ``preload`` first (its start and imports counted)."""
+    that imports ``preload`` first (its start and imports counted), in ``env``."""
     from pretrainlab.studies.forkserver import ForkServer
 
     cpu, started = _children_cpu(), time.perf_counter()
     with ForkServer(preload) as server:
-        env, cwd = dict(os.environ), os.getcwd()
+        cwd = os.getcwd()
         procs = [server.popen(command, logs / f"forked-{i}.log", env, cwd) for i in range(processes)]
         codes = [p.wait() for p in procs]
     if any(codes):
@@ -105,13 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     n = args.processes
     rows = []
     with tempfile.TemporaryDirectory(prefix="pretrainlab-startup-") as tmp:
-        os.environ.setdefault("WANDB_DIR", tmp)  # the probes' offline W&B runs, gone with the folder
-        os.environ.setdefault("WANDB_SILENT", "true")
+        env = {**os.environ, "WANDB_DIR": tmp, "WANDB_SILENT": "true"}  # the probes' W&B runs, gone with tmp
         if args.wandb:
-            a_wall, a_cpu = fresh([*probe, "--wandb-order", "after"], n, Path(tmp))
+            a_wall, a_cpu = fresh([*probe, "--wandb-order", "after"], n, Path(tmp), env)
             rows.append(["fresh, W&B imported after torch", n, f"{a_wall:.1f}", f"{a_cpu:.1f}", f"{a_cpu / n:.1f}"])
-        f_wall, f_cpu = fresh(command, n, Path(tmp))
-        k_wall, k_cpu = forked(command, n, Path(tmp), preload)
+        f_wall, f_cpu = fresh(command, n, Path(tmp), env)
+        k_wall, k_cpu = forked(command, n, Path(tmp), preload, env)
     rows += [
         [
             "fresh" + (", W&B imported first" if args.wandb else ""),
