@@ -172,8 +172,16 @@ def test_the_startup_bench_with_wandb_times_wandb_after_torch_and_first(tmp_path
     with pytest.raises(SystemExit):
         bench_startup.main(["--wandb", "--module", "this"])
     assert "--wandb times this tool's own probe" in capsys.readouterr().err
-    # the probe itself: the study's imports, then an offline W&B run, written where it is told
+    # the probe itself: the study's imports, then an offline W&B run, written where it is told (also in a
+    # process whose W&B has started runs elsewhere before: it reads its environment once)
+    import wandb
+
+    wandb.init(project="elsewhere", mode="offline", dir=str(tmp_path / "before"))
+    wandb.finish()
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "probe"))
+    (tmp_path / "probe").mkdir()
+    probed = []
+    monkeypatch.setattr(bench_startup, "_wandb_run", lambda real=bench_startup._wandb_run: probed.append(real()))
     assert bench_startup.main(["--probe", "--wandb-order", "after"]) == 0
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(probed) == 1 and probed[0].is_relative_to(tmp_path / "probe" / "wandb") and probed[0].is_dir()

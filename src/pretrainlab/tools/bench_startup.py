@@ -145,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _wandb_run() -> None:
-    """An offline W&B run started and finished, as a run that logs to W&B does (into ``WANDB_DIR``)."""
+def _wandb_run() -> Path:
+    """An offline W&B run started and finished, as a run that logs to W&B does, in ``WANDB_DIR`` (given to
+    ``wandb.init``: W&B reads its environment once per process); returns the run's folder."""
     import wandb
 
-    wandb.init(project="bench-startup", mode="offline")
+    run = wandb.init(project="bench-startup", mode="offline", dir=os.environ.get("WANDB_DIR"))
     wandb.finish()
+    return Path(run.dir)
 
 
 if __name__ == "__main__":
