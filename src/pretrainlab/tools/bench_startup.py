@@ -110,18 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "WANDB_DIR": tmp, "WANDB_SILENT": "true"}  # the probes' W&B runs, gone with tmp
         if args.wandb:
             a_wall, a_cpu = fresh([*probe, "--wandb-order", "after"], n, Path(tmp), env)
-            rows.append(["fresh, W&B imported after torch", n, f"{a_wall:.1f}", f"{a_cpu:.1f}", f"{a_cpu / n:.1f}"])
+            rows.append(_row("fresh, W&B imported after torch", n, a_wall, a_cpu))
         f_wall, f_cpu = fresh(command, n, Path(tmp), env)
         k_wall, k_cpu = forked(command, n, Path(tmp), preload, env)
     rows += [
-        [
-            "fresh" + (", W&B imported first" if args.wandb else ""),
-            n,
-            f"{f_wall:.1f}",
-            f"{f_cpu:.1f}",
-            f"{f_cpu / n:.1f}",
-        ],
-        ["forked (server included)", n, f"{k_wall:.1f}", f"{k_cpu:.1f}", f"{k_cpu / n:.1f}"],
+        _row("fresh" + (", W&B imported first" if args.wandb else ""), n, f_wall, f_cpu),
+        _row("forked (server included)", n, k_wall, k_cpu),
     ]
     about = (
         f"{n} processes at once, each `python {' '.join(command)}`, started fresh and then forked from a fork server "
@@ -143,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         write_table_report(args.report, "Starting a study's processes: fresh against forked", columns, rows, about)
         print(f"report -> {args.report} (python tools/docs.py publish {args.report} --name <name>)")
     return 0
+
+
+def _row(started: str, processes: int, wall: float, cpu: float) -> list:
+    """A row of the table: how the processes started, how many, wall-clock, CPU and CPU per process."""
+    return [started, processes, f"{wall:.1f}", f"{cpu:.1f}", f"{cpu / processes:.1f}"]
 
 
 def _wandb_run() -> Path:
