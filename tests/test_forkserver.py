@@ -92,6 +92,46 @@ def test_exit_statuses_are_a_processes_statuses(work):
     assert "Traceback" in log and "ValueError: a bad setting" in log
 
 
+def test_a_script_runs_as_python_script_would_with_its_output_and_errors_apart(work):
+    """``python <script.py> <args>``: the script runs as ``__main__`` with its folder first on the path,
+    its standard output and error in files of their own when asked."""
+    import json
+
+    scripts = work / "scripts"
+    scripts.mkdir()
+    (scripts / "helper.py").write_text("VALUE = 7\n")
+    (scripts / "tool.py").write_text(
+        "import json, sys\nimport helper\n"
+        "print(json.dumps({'argv': sys.argv, 'name': __name__, 'value': helper.VALUE}))\n"
+        "print('a warning', file=sys.stderr)\nsys.exit(4)\n"
+    )
+    with ForkServer(preload=()) as server:
+        proc = server.popen(
+            [str(scripts / "tool.py"), "a", "b"], work / "out.txt", dict(os.environ), work, stderr=work / "err.txt"
+        )
+        assert proc.wait(timeout=60) == 4
+    info = json.loads((work / "out.txt").read_text())
+    assert info == {"argv": [str(scripts / "tool.py"), "a", "b"], "name": "__main__", "value": 7}
+    assert (work / "err.txt").read_text() == "a warning\n"
+    with ForkServer(preload=()) as server, pytest.raises(ValueError, match="starts `-m <module> <args>`"):
+        server.popen(["-c", "pass"], work / "c.log", dict(os.environ), work)
+
+
+def test_what_the_servers_imports_made_outlives_each_forked_process(work, monkeypatch):
+    """A module the server imported made a temporary folder (as W&B's media folder is made at import): a
+    process that ends does not remove it from under the next one (W&B's tables failed in every forked
+    process after the first)."""
+    (work / "made_at_import.py").write_text("import tempfile\nFOLDER = tempfile.TemporaryDirectory('made-at-import')\n")
+    (work / "uses_it.py").write_text(
+        "import os, made_at_import\nopen(os.path.join(made_at_import.FOLDER.name, str(os.getpid())), 'w').close()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))
+    with ForkServer(preload=("made_at_import",)) as server:
+        for i in range(2):
+            proc = server.popen(["-m", "uses_it"], work / f"{i}.log", dict(os.environ), work)
+            assert proc.wait(timeout=60) == 0, (work / f"{i}.log").read_text()
+
+
 def test_a_server_that_cannot_start_is_named(work, monkeypatch):
     (work / "broken_module.py").write_text("raise RuntimeError('broken at import')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))

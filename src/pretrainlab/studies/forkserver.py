@@ -4,8 +4,9 @@ A process of a study (a pretraining run, an evaluation suite, a slot's calibrati
 first seconds importing torch, Lightning, W&B and this package: about 10 s of CPU on a 2-core machine,
 more than many of its runs' training on a CPU, and a slot starts tens of them. :class:`ForkServer` starts
 one interpreter that imports all of that once, and forks each process from it: the same
-``python -m <module> <args>`` in the study's environment and working directory, with its output in its
-log, in a session of its own, its exit status reported as a process's. The server is a fresh interpreter
+``python -m <module> <args>`` (or ``python <script.py> <args>``) in the study's environment and working
+directory, with its output in its log (or its standard output and error in two), in a session of its own,
+its exit status reported as a process's. The server is a fresh interpreter
 that has only imported (no CUDA, no threads, nothing of the study's process); a process forked from a
 server in which CUDA was initialized anyway starts a fresh interpreter in its place.
 
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from pretrainlab.runtime.early import WANDB_MODULES
@@ -130,18 +132,23 @@ class ForkServer:
             while self._next(block=False) is not None:
                 pass
 
-    def popen(self, args: list[str], log: Path, env: dict[str, str], cwd: str | Path) -> Forked:
-        """``python <args>`` (``-m <module> ...``), forked: ``env`` its environment, ``cwd`` its working
-        directory, its output appended to ``log``."""
-        if args[:1] != ["-m"] or len(args) < 2:
-            raise ValueError(f"{args}: a fork server starts `-m <module> <args>`")
+    def popen(
+        self, args: list[str], log: str | Path, env: dict[str, str], cwd: str | Path, stderr: str | Path | None = None
+    ) -> Forked:
+        """``python <args>`` (``-m <module> ...`` or ``<script.py> ...``), forked: ``env`` its environment,
+        ``cwd`` its working directory, its output appended to ``log`` (its standard error to ``stderr``
+        when given)."""
+        if not ((args[:1] == ["-m"] and len(args) >= 2) or (args and str(args[0]).endswith(".py"))):
+            raise ValueError(f"{args}: a fork server starts `-m <module> <args>` or `<script.py> <args>`")
         self.start()
         assert self._proc is not None and self._proc.stdin is not None
         with self._lock:
             while not self._ready:
                 message = self._next(block=True)
                 self._ready = bool(message and "ready" in message)
-            request = {"args": args, "log": str(log), "env": dict(env), "cwd": str(cwd)}
+            request = {"args": [str(a) for a in args], "log": str(log), "env": dict(env), "cwd": str(cwd)}
+            if stderr is not None:
+                request["stderr"] = str(stderr)
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
             while True:
@@ -191,21 +198,27 @@ def _run_child(request: dict, private: list[int]) -> None:
     try:
         for fd in private:  # the server's pipes to the study
             os.close(fd)
+        # what the server's imports made is the server's to clean up, not each child's at its exit: W&B's
+        # media folder (a module's TemporaryDirectory) removed by the first child to end failed the next
+        # child's W&B table ("No such file or directory: .../wandb-media/...table.json")
+        for made in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+            made.atexit = False
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
+        for fd, path in ((1, request["log"]), (2, request.get("stderr", request["log"]))):
+            out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, fd)
+            os.close(out)
         os.close(devnull)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.path[0] = request["cwd"]  # python -m puts its working directory first
+        args = request["args"]
+        # python -m puts its working directory first on the path, python <script> the script's folder
+        sys.path[0] = request["cwd"] if args[0] == "-m" else os.path.dirname(os.path.abspath(args[0]))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        args = request["args"]
         torch = sys.modules.get("torch")  # imported by the server, or by the process itself (below) as usual
         if torch is not None and torch.cuda._is_in_bad_fork():  # CUDA initialized in the server: start afresh
             os.execv(sys.executable, [sys.executable, *args])
@@ -213,9 +226,13 @@ def _run_child(request: dict, private: list[int]) -> None:
             torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
         import runpy
 
-        sys.argv = [args[1], *args[2:]]
-        sys.modules.pop(args[1], None)  # as under python -m: the module runs as __main__, not a second time
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            sys.modules.pop(args[1], None)  # as under python -m: the module runs as __main__, not a second time
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            runpy.run_path(args[0], run_name="__main__")
         code = 0
     except SystemExit as stop:
         code = _exit_code(stop.code)
