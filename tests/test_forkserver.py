@@ -118,18 +118,23 @@ def test_a_script_runs_as_python_script_would_with_its_output_and_errors_apart(w
 
 
 def test_what_the_servers_imports_made_outlives_each_forked_process(work, monkeypatch):
-    """A module the server imported made a temporary folder (as W&B's media folder is made at import): a
-    process that ends does not remove it from under the next one (W&B's tables failed in every forked
-    process after the first)."""
+    """A module the server imported made a temporary folder (as W&B's media folder is made at import): each
+    forked process has its own, as a fresh interpreter would, removed when it ends; one that ends does not
+    remove the folder from under the next one (W&B's tables failed in every forked process after the first)."""
     (work / "made_at_import.py").write_text("import tempfile\nFOLDER = tempfile.TemporaryDirectory('made-at-import')\n")
     (work / "uses_it.py").write_text(
-        "import os, made_at_import\nopen(os.path.join(made_at_import.FOLDER.name, str(os.getpid())), 'w').close()\n"
+        "import atexit, os, made_at_import\n"
+        "open(os.path.join(made_at_import.FOLDER.name, 'staged'), 'w').close()\n"
+        "print(made_at_import.FOLDER.name)\n"
+        "atexit.register(made_at_import.FOLDER.cleanup)\n"  # as W&B removes its media folder when a run ends
     )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))
     with ForkServer(preload=("made_at_import",)) as server:
         for i in range(2):
             proc = server.popen(["-m", "uses_it"], work / f"{i}.log", dict(os.environ), work)
             assert proc.wait(timeout=60) == 0, (work / f"{i}.log").read_text()
+    folders = [(work / f"{i}.log").read_text().strip() for i in range(2)]
+    assert folders[0] != folders[1] and not any(os.path.exists(f) for f in folders)  # each its own, removed
 
 
 def test_a_server_that_cannot_start_is_named(work, monkeypatch):

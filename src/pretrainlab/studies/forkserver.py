@@ -198,11 +198,7 @@ def _run_child(request: dict, private: list[int]) -> None:
     try:
         for fd in private:  # the server's pipes to the study
             os.close(fd)
-        # what the server's imports made is the server's to clean up, not each child's at its exit: W&B's
-        # media folder (a module's TemporaryDirectory) removed by the first child to end failed the next
-        # child's W&B table ("No such file or directory: .../wandb-media/...table.json")
-        for made in list(weakref.finalize._registry):  # type: ignore[attr-defined]
-            made.atexit = False
+        _own_what_imports_made()
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -244,6 +240,25 @@ def _run_child(request: dict, private: list[int]) -> None:
     finally:
         code = _shutdown(code)
         os._exit(code)
+
+
+def _own_what_imports_made() -> None:
+    """In a forked process: what the server's imports made is the server's to clean up, not each child's
+    at its exit, and a temporary folder one of them made (W&B's media folder, made when W&B is imported)
+    is made anew for the child, as a fresh interpreter would have, and removed when it exits. Shared, the
+    first child to end removed it from under the others, and their W&B tables failed ("No such file or
+    directory: .../wandb-media/...table.json")."""
+    import atexit
+    import shutil
+    import tempfile
+
+    for made in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        made.atexit = False
+        found = made.peek()
+        if found is not None and isinstance(found[0], tempfile.TemporaryDirectory):
+            folder = found[0]
+            folder.name = tempfile.mkdtemp(prefix=f"{os.path.basename(folder.name)}-{os.getpid()}-")
+            atexit.register(shutil.rmtree, folder.name, ignore_errors=True)
 
 
 def _shutdown(code: int) -> int:
