@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         f"evaluations, and commands run in processes of their own (imports, Hydra and the command's work); the "
         f"rest is data, configs, a study's own processes and the checks. The tests started {count} Python "
         f"processes ({sum(f['lightning'] for f in started.values())} of them imported Lightning; forked from a "
-        f"study's fork server, which had imported it: {sum(f['forked'] for f in started.values())}), which used "
+        f"fork server that had imported it, a study's or the one tests fork their commands from: "
+        f"{sum(f['forked'] for f in started.values())}), which used "
         f"{minutes(sum(f['cpu'] for f in started.values()))} min of CPU"
         + (
             f"; one that imports pretrainlab.pretraining.run (torch, Lightning) and exits takes {startup:.1f} s of "

@@ -283,35 +283,138 @@ def _signal_handlers_restored(request):
         )
 
 
-def run_command(args: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    """Run a command to its end, its output in files rather than pipes: a process it leaves behind
-    (a DataLoader worker, a wandb-core service) holding a pipe open would keep a reader waiting
-    for the end of the output after the command has exited. On timeout the command's whole process
-    group is killed and the test fails with the end of its output."""
+# --- Commands --------------------------------------------------------------------------------
+# The commands tests run (``python train.py ...``, ``python experiments/ablate.py ...``, ``python -m ...``)
+# are forked from a server that imported torch, Lightning, Hydra, W&B and this package once per test worker
+# (``studies.forkserver``, which a study uses for its runs): a fresh interpreter spends 10-15 s of CPU on
+# those imports, more than most of these commands' work. Each is still the command: its own process and
+# session, the test's environment and folder, its output, exit status and signals. ``fresh=True`` starts a
+# fresh interpreter, for what happens before or during imports (start-up, import order, the environment an
+# import reads). The DDP ranks Lightning starts, a slot's or a SLURM job's processes start as they always do.
+
+COMMAND_PRELOAD = ("hydra", "pretrainlab.evaluation.run", "pretrainlab.studies.ablation")
+_SERVER: list = []  # this worker's fork server, started by the first forked command
+
+
+def _fork_server():
+    if not _SERVER:
+        from pretrainlab.studies.forkserver import PRELOAD, ForkServer
+
+        _SERVER.append(ForkServer((*PRELOAD, *COMMAND_PRELOAD)))
+    return _SERVER[0]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SERVER:
+        _SERVER.pop().close()
+
+
+class Command:
+    """A command started by :func:`start_command`: what tests use of ``subprocess.Popen`` (``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``communicate``), its output in files
+    (``stdout`` and ``stderr`` read them from their start; None where it went elsewhere)."""
+
+    def __init__(self, proc, args: list[str], out: Path | None, err: Path | None, folder: tempfile.TemporaryDirectory):
+        self._proc, self.args, self.pid, self._folder = proc, args, proc.pid, folder
+        self.stdout = out.open(errors="replace") if out else None
+        self.stderr = err.open(errors="replace") if err else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._proc.wait(timeout=timeout)
+
+    def send_signal(self, sig: int) -> None:
+        self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        self.wait(timeout)
+        return (self.stdout.read() if self.stdout else None, self.stderr.read() if self.stderr else None)
+
+
+def _forkable(args: list) -> bool:
+    import sys
+
+    return len(args) >= 2 and args[0] == sys.executable and (args[1] == "-m" or str(args[1]).endswith(".py"))
+
+
+def start_command(
+    args: list,
+    cwd: str | Path | None = None,
+    env: dict | None = None,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    fresh: bool = False,
+) -> Command:
+    """Start ``args`` (``[sys.executable, script or -m, ...]``) in a session of its own, forked unless
+    ``fresh``. ``stdout``/``stderr``: PIPE (read from ``.stdout``/``.stderr``), DEVNULL, STDOUT (stderr into
+    stdout) or an open file."""
+    folder = tempfile.TemporaryDirectory(prefix="command-")
+
+    def target(stream, name: str) -> Path | None:
+        if stream == subprocess.PIPE:
+            path = Path(folder.name) / name
+            path.touch()
+            return path
+        if stream == subprocess.DEVNULL:
+            return Path(os.devnull)
+        if stream is None:
+            return None
+        return Path(stream.name)
+
+    out = target(stdout, "stdout")
+    err = out if stderr == subprocess.STDOUT else target(stderr, "stderr")
+    env = dict(os.environ if env is None else env)
+    cwd = str(cwd or os.getcwd())
+    if fresh or not _forkable(args) or out is None or err is None:
+        files = [open(p, "a") if p else None for p in (out, err)]
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=files[0], stderr=files[1], text=True, start_new_session=True
+        )
+        for f in files:
+            if f:
+                f.close()
+    else:
+        proc = _fork_server().popen([str(a) for a in args[1:]], out, env, cwd, stderr=err)
+    return Command(
+        proc,
+        [str(a) for a in args],
+        out if stdout == subprocess.PIPE else None,
+        err if stderr == subprocess.PIPE else None,
+        folder,
+    )
+
+
+def run_command(args: list, timeout: float = 600, fresh: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command to its end (:func:`start_command`), its output in files rather than pipes: a process
+    it leaves behind (a DataLoader worker, a wandb-core service) holding a pipe open would keep a reader
+    waiting for the end of the output after the command has exited. On timeout the command's whole
+    process group is killed and the test fails with the end of its output."""
     import time
 
     started = time.perf_counter()
     try:
-        return _run_command(args, timeout, **kwargs)
-    finally:
-        _PARTS["commands"] = _PARTS.get("commands", 0.0) + time.perf_counter() - started
-
-
-def _run_command(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, start_new_session=True, **kwargs)
+        proc = start_command(args, fresh=fresh, **kwargs)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            err.seek(0)
             raise AssertionError(
-                f"{' '.join(map(str, args[:4]))} ... still running after {timeout}s:\n{err.read()[-3000:]}"
+                f"{' '.join(map(str, args[:4]))} ... still running after {timeout}s:\n{proc.stderr.read()[-3000:]}"
             ) from None
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(args, code, out.read(), err.read())
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(args, code, out, err)
+    finally:
+        _PARTS["commands"] = _PARTS.get("commands", 0.0) + time.perf_counter() - started
 
 
 def compose_config(name: str, *overrides: str):

@@ -3,7 +3,6 @@ question), its arms and shared settings checked before any run, when a head left
 learning curve (``studies.recipe``), and a whole study on the CPU."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ from omegaconf import OmegaConf, open_dict
 from pretrainlab.config import ConfigError
 from pretrainlab.objectives.learning import ABOVE, AT, PAST
 from pretrainlab.studies import recipe
-from tests.conftest import ROOT, SMALL, compose_config
+from tests.conftest import ROOT, SMALL, compose_config, run_command
 
 QUOTED = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
 
@@ -116,11 +115,9 @@ def test_ctrl_c_stops_the_study_with_the_command_that_continues_it(tmp_path, mon
     assert "Ctrl-C: the study arms stopped (a run in training saved its checkpoint). Continue it with:" in caplog.text
     assert caplog.text.split("Continue it with:")[1].lstrip().startswith("python")  # this process's command
     # the old entry point of recipe arms runs nothing, and names the command that does
-    old = subprocess.run(
+    old = run_command(
         [sys.executable, "experiments/arms.py", "experiments/arms/xlnet_lr.yaml", "--out", str(tmp_path / "o")],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
     )
     assert old.returncode == 2 and "python experiments/ablate.py +ablation=xlnet_lr" in old.stderr
     assert not (tmp_path / "o").exists()

@@ -15,7 +15,7 @@ from pretrainlab.model.encoder import EncoderConfig
 from pretrainlab.objectives.base import Objective
 from pretrainlab.pretraining.assembly import build_objective
 from pretrainlab.tokens import SpecialTokens
-from tests.conftest import CONF, ROOT, compose_config, compose_train
+from tests.conftest import CONF, ROOT, compose_config, compose_train, run_command
 
 # options that need a value the user must give
 REQUIRED = {("tokenizer", "pretrained"): ["tokenizer.path=tokenizer.json"], ("data", "packed"): ["data.path=pack"]}
@@ -80,7 +80,7 @@ def test_every_entry_point_config_composes(name):
 
 
 def test_unknown_choice_lists_the_valid_ones():
-    out = subprocess.run([sys.executable, "train.py", "objective=nope"], cwd=ROOT, capture_output=True, text=True)
+    out = run_command([sys.executable, "train.py", "objective=nope"], cwd=ROOT)
     assert out.returncode != 0
     assert "Could not find 'objective/nope'" in out.stderr and "roberta" in out.stderr
 
@@ -169,16 +169,12 @@ def test_the_gpu_check_script_never_writes_over_an_earlier_measurement(tmp_path)
 
 
 def test_help_lists_the_groups_each_entry_point_composes():
-    train = subprocess.run(
-        [sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    train = run_command([sys.executable, "train.py", "--help"], cwd=ROOT, timeout=120)
     assert train.returncode == 0, train.stderr
     groups = {line.split(":")[0] for line in train.stdout.splitlines() if ": " in line and "," in line}
     assert {"model", "objective", "data", "tokenizer", "trainer", "logger"} <= groups and "task" not in groups
     assert "model: albert_base, base, electra_small, large, medium, mini, small, tiny" in train.stdout
-    finetune = subprocess.run(
-        [sys.executable, "finetune.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    finetune = run_command([sys.executable, "finetune.py", "--help"], cwd=ROOT, timeout=120)
     assert finetune.returncode == 0 and "task: blimp, cola," in finetune.stdout
 
 

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pretrainlab.evaluation import base
-from tests.conftest import ROOT, compose_config
+from tests.conftest import ROOT, compose_config, run_command
 
 TASKS = sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml"))
 
@@ -71,7 +71,6 @@ def test_a_studys_suite_under_its_old_name_glue_is_read_as_its_suite_with_a_warn
     named for what it is, still work (from a command line, a user's config or an earlier slot's recorded
     settings): the warning names the new keys, and the study reads the same suite."""
     import logging
-    import subprocess
     import sys
 
     from pretrainlab.studies.work import study_tasks
@@ -94,12 +93,7 @@ def test_a_studys_suite_under_its_old_name_glue_is_read_as_its_suite_with_a_warn
     )
     assert study_tasks(recorded) == ["sst2", "blimp"] and list(recorded.suite.seeds) == [0, 1]
     # the one-encoder script and its config under their old names
-    shown = subprocess.run(
-        [sys.executable, "experiments/glue.py", "pretrained=x", "seeds=[4]", "--cfg", "job"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    shown = run_command([sys.executable, "experiments/glue.py", "pretrained=x", "seeds=[4]", "--cfg", "job"], cwd=ROOT)
     assert shown.returncode == 0, shown.stderr
     assert "old name of experiments/suite.py" in shown.stderr and "seeds:\n- 4" in shown.stdout
 

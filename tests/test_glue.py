@@ -270,10 +270,9 @@ def test_encoders_of_one_objective_are_told_apart_and_pretraining_seeds_aggregat
 
 
 def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
-    import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, run_command
 
     for name, encoder, value in (("a", "e1", 0.5), ("b", "e2", 0.7)):
         d = tmp_path / name / "glue" / "rte"
@@ -289,11 +288,9 @@ def test_compare_cli_names_apart_two_runs_that_claim_one_row(tmp_path):
         "--out",
         str(tmp_path / "cmp"),
     ]
-    refused = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    refused = run_command(cmd, cwd=ROOT)
     assert refused.returncode == 2 and "--label" in refused.stderr and not (tmp_path / "cmp").exists()
-    named = subprocess.run(
-        cmd + ["--label", f"{tmp_path / 'b'}=roberta-long"], cwd=ROOT, capture_output=True, text=True
-    )
+    named = run_command(cmd + ["--label", f"{tmp_path / 'b'}=roberta-long"], cwd=ROOT)
     assert named.returncode == 0, named.stderr
     assert "| roberta |" in named.stdout and "| roberta-long |" in named.stdout
 
@@ -513,7 +510,6 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
     """Results of snapshots stay out of the table and make the GLUE-against-FLOPs curve: one point per
     fraction, its FLOPs the encoders' mean, its interval over the seeds; logged to W&B as a table."""
     import wandb  # noqa: F401
-
     from pretrainlab.compare import curve, write_report
     from pretrainlab.runtime.wandb_runs import log_comparison
 

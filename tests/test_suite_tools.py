@@ -99,4 +99,4 @@ def test_the_record_counts_the_processes_tests_start_by_file_and_the_reports_sho
     assert rows["tests/test_b.py"][7:9] == ["0", "0.0"]
     about = report["about"]
     assert "The tests started 3 Python processes (0 of them imported Lightning; forked from a " in about, about
-    assert "fork server, which had imported it: 1)" in about
+    assert "the one tests fork their commands from: 1)" in about

@@ -22,7 +22,7 @@ from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.run import run as pretrain
 from pretrainlab.runtime.provenance import SettingsMismatch
 from pretrainlab.runtime.rundir import LOCK, RunDirBusy, RunDirError, lock, unlock
-from tests.conftest import ROOT, SMALL, compose_config, compose_train, run_command
+from tests.conftest import ROOT, SMALL, compose_config, compose_train, run_command, start_command
 
 QUICK = [*SMALL, "max_steps=4", "val_every=4", "checkpoint_every=4"]
 GLUE = [
@@ -362,7 +362,7 @@ def test_two_train_processes_started_on_one_directory(tmp_path):
     ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     with open(tmp_path / "first.txt", "w") as err:
-        first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        first = start_command(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
         t0 = time.time()
         while not (tmp_path / "run" / LOCK).exists():
             assert first.poll() is None and time.time() - t0 < 120, (tmp_path / "first.txt").read_text()[-2000:]
@@ -479,9 +479,7 @@ def test_a_study_stopped_by_sigterm_prints_the_command_that_continues_it(tmp_pat
     env = {**os.environ, "WANDB_MODE": "disabled"}
     checkpoints = tmp_path / "s" / "pretrain" / "roberta-s0" / "checkpoints"
     with open(tmp_path / "err.txt", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = start_command([sys.executable, *args], cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT)
         t0 = time.time()
         while not (checkpoints / "last.ckpt").exists():
             assert proc.poll() is None and time.time() - t0 < 300, (tmp_path / "err.txt").read_text()[-3000:]
