@@ -340,11 +340,11 @@ def test_outputs_follow_the_umask(tmp_path, monkeypatch):
         )
         run_suite(cfg, ["rte"], [0], None, dict(cfg.task_overrides))
         write_report(collect([str(tmp_path / "run")]), tmp_path / "report")
-        subprocess.run(
-            [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(tmp_path / "hf")],
-            check=True,
-            capture_output=True,
+        # a fresh interpreter: a process forked from the tests' server would have the server's umask, not this one
+        done = run_command(
+            [sys.executable, "-m", "pretrainlab.export", str(tmp_path / "run"), str(tmp_path / "hf")], fresh=True
         )
+        assert done.returncode == 0, done.stderr[-3000:]
     finally:
         os.umask(previous)
     mine = [tmp_path / "run", cache, tmp_path / "report", tmp_path / "hf"]
