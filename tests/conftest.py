@@ -286,27 +286,20 @@ def _signal_handlers_restored(request):
 # --- Commands --------------------------------------------------------------------------------
 # The commands tests run (``python train.py ...``, ``python experiments/ablate.py ...``, ``python -m ...``)
 # are forked from a server that imported torch, Lightning, Hydra, W&B and this package once per test worker
-# (``studies.forkserver``, which a study uses for its runs): a fresh interpreter spends 10-15 s of CPU on
+# (``studies.forkserver``, as a study forks its runs): a fresh interpreter spends 10-15 s of CPU on
 # those imports, more than most of these commands' work. Each is still the command: its own process and
 # session, the test's environment and folder, its output, exit status and signals. ``fresh=True`` starts a
 # fresh interpreter, for what happens before or during imports (start-up, import order, the environment an
 # import reads). The DDP ranks Lightning starts, a slot's or a SLURM job's processes start as they always do.
 
 COMMAND_PRELOAD = ("hydra", "pretrainlab.evaluation.run", "pretrainlab.studies.ablation")
-_SERVER: list = []  # this worker's fork server, started by the first forked command
 
 
 def _fork_server():
-    if not _SERVER:
-        from pretrainlab.studies.forkserver import PRELOAD, ForkServer
+    """This worker's server for commands (started by the first one, stopped when the worker exits)."""
+    from pretrainlab.studies.forkserver import PRELOAD, shared
 
-        _SERVER.append(ForkServer((*PRELOAD, *COMMAND_PRELOAD)))
-    return _SERVER[0]
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _SERVER:
-        _SERVER.pop().close()
+    return shared((*PRELOAD, *COMMAND_PRELOAD))
 
 
 class Command:

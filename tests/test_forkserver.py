@@ -137,6 +137,35 @@ def test_what_the_servers_imports_made_outlives_each_forked_process(work, monkey
     assert folders[0] != folders[1] and not any(os.path.exists(f) for f in folders)  # each its own, removed
 
 
+def test_a_process_keeps_one_server_for_all_its_phases_and_replaces_one_that_ended(work):
+    """``shared()``: the same server for every later use in this process (a study's pretraining, then its
+    evaluations), a new one when it has ended, and none inherited by a process forked from this one."""
+    from pretrainlab.studies import forkserver
+
+    (work / "inherits.py").write_text("print('ran')\n")
+    preload = ("pretrainlab.studies.forkserver",)  # a light server of its own, not the tests' commands' one
+    server = forkserver.shared(preload)
+    try:
+        first = server.popen(["-m", "inherits"], work / "1.log", dict(os.environ), work)
+        assert first.wait(timeout=60) == 0, (work / "1.log").read_text()
+        assert forkserver.shared(preload) is server
+        pid = server._proc.pid
+        second = forkserver.shared(preload).popen(["-m", "inherits"], work / "2.log", dict(os.environ), work)
+        assert second.wait(timeout=60) == 0 and server._proc.pid == pid  # the same interpreter forked both
+        child = os.fork()
+        if child == 0:  # a process forked from this one: no server of its parent's
+            os._exit(len(forkserver._SHARED))
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0 and forkserver._SHARED
+        server._proc.kill()
+        server._proc.wait()
+        again = forkserver.shared(preload)
+        assert again is not server
+        third = again.popen(["-m", "inherits"], work / "3.log", dict(os.environ), work)
+        assert third.wait(timeout=60) == 0
+    finally:
+        forkserver._SHARED.pop(preload).close()
+
+
 def test_a_server_that_cannot_start_is_named(work, monkeypatch):
     (work / "broken_module.py").write_text("raise RuntimeError('broken at import')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(work), *sys.path]))

@@ -54,12 +54,20 @@ def test_jobs_is_checked_before_anything_runs():
 
 @pytest.mark.slow
 def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkeypatch):
-    """With jobs=2 both runs are trained, each in its own process with its log; the same study with
-    jobs=1 then finds them finished and made with its own settings, and redoes nothing."""
+    """With jobs=2 both runs are trained, each in its own process with its log, and so are the encoders'
+    evaluations, all forked from one server (one interpreter's imports for the study, not one per phase);
+    the same study with jobs=1 then finds them finished and made with its own settings, and redoes nothing."""
+    from pretrainlab.studies import forkserver
     from pretrainlab.studies.ablation import run_study
 
+    servers = []
+    popen = forkserver.ForkServer.popen
+    monkeypatch.setattr(
+        forkserver.ForkServer, "popen", lambda self, *a, **k: servers.append(self._proc) or popen(self, *a, **k)
+    )
     overrides = study_overrides(tmp_path, ["max_steps=30", "checkpoint_every=10", "val_every=30"])
     table = run_study(compose_config("ablate", *overrides, "jobs=2"))
+    assert len(servers) == 5 and len({id(s) for s in servers[1:]}) == 1, servers  # 2 runs, 3 suites: one server
     root = tmp_path / "par" / "pretrain"
     for run in ("roberta-s0", "bert-s0"):
         assert (root / run / "encoder" / "config.json").is_file()

@@ -15,11 +15,15 @@ server in which CUDA was initialized anyway starts a fresh interpreter in its pl
         proc = server.popen(["-m", "pretrainlab.studies.parallel", "spec.yaml"], log, env, cwd)
         proc.poll(); proc.send_signal(signal.SIGTERM); proc.wait()
 
+    server = shared()   # this process's server, kept for all its phases (a study's pretraining, then its
+                        # evaluations; a slot's calibration, runs and evaluations), stopped when it exits
+
     python -m pretrainlab.studies.forkserver <module to import>...   # the server (what ForkServer starts)
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -101,6 +105,10 @@ class ForkServer:
         )
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
 
+    def alive(self) -> bool:
+        """Not started yet, or running."""
+        return self._proc is None or self._proc.poll() is None
+
     def _read(self, stream) -> None:
         for line in stream:
             try:
@@ -177,6 +185,30 @@ class ForkServer:
             self._proc.kill()
         self._proc.wait()
         self._proc = None
+
+
+_SHARED: dict[tuple[str, ...], ForkServer] = {}
+
+
+def shared(preload: tuple[str, ...] = PRELOAD) -> ForkServer:
+    """This process's server for ``preload``: started on first use and kept for every later one (each server
+    costs a fresh interpreter's imports, 10-15 s of CPU, and a study or a slot forks processes in several
+    phases), stopped when the process exits; a server that has ended is replaced. A process forked from this
+    one (the server's own children) starts with none."""
+    server = _SHARED.get(preload)
+    if server is None or not server.alive():
+        if not _SHARED:
+            atexit.register(_close_shared)
+        server = _SHARED[preload] = ForkServer(preload)
+    return server
+
+
+def _close_shared() -> None:
+    while _SHARED:
+        _SHARED.popitem()[1].close()
+
+
+os.register_at_fork(after_in_child=_SHARED.clear)
 
 
 # --- the server ---

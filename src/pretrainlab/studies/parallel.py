@@ -21,7 +21,6 @@ this package once (``studies.forkserver``): each starts in a fraction of a secon
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -41,7 +40,7 @@ import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.pretraining import run as pretraining
-from pretrainlab.studies.forkserver import Forked, ForkServer
+from pretrainlab.studies.forkserver import Forked, shared
 from pretrainlab.studies.intrinsic import held_out, intrinsic_row
 from pretrainlab.studies.suite import run_suite
 from pretrainlab.studies.throughput import measure
@@ -157,8 +156,8 @@ def run_parallel(
     running: dict[subprocess.Popen | Forked, Work] = {}
     failed: list[tuple[Work, int]] = []
     forked = sys.platform == "linux" and os.environ.get("PRETRAINLAB_FORK_SERVER", "1") != "0"
-    server = ForkServer() if forked else None
-    with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp, server or contextlib.nullcontext():
+    server = shared() if forked else None  # one per process, for every phase (studies.forkserver.shared)
+    with tempfile.TemporaryDirectory(prefix="pretrainlab-study-") as tmp:
         try:
             while queue or running:
                 while queue and len(running) < jobs and not failed:
