@@ -510,6 +510,7 @@ def test_snapshot_results_make_a_curve_with_intervals_and_a_wandb_chart(tmp_path
     """Results of snapshots stay out of the table and make the GLUE-against-FLOPs curve: one point per
     fraction, its FLOPs the encoders' mean, its interval over the seeds; logged to W&B as a table."""
     import wandb  # noqa: F401
+
     from pretrainlab.compare import curve, write_report
     from pretrainlab.runtime.wandb_runs import log_comparison
 
