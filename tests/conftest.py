@@ -376,7 +376,7 @@ def start_command(
             if f:
                 f.close()
     else:
-        proc = _fork_server().popen([str(a) for a in args[1:]], out, env, cwd, stderr=err)
+        proc = _fork_server().popen(args[1:], out, env, cwd, stderr=err)
     return Command(
         proc,
         [str(a) for a in args],

@@ -197,12 +197,11 @@ def shared(preload: tuple[str, ...] = PRELOAD) -> ForkServer:
     one (the server's own children) starts with none."""
     server = _SHARED.get(preload)
     if server is None or not server.alive():
-        if not _SHARED:
-            atexit.register(_close_shared)
         server = _SHARED[preload] = ForkServer(preload)
     return server
 
 
+@atexit.register
 def _close_shared() -> None:
     while _SHARED:
         _SHARED.popitem()[1].close()
@@ -230,7 +229,6 @@ def _run_child(request: dict, private: list[int]) -> None:
     try:
         for fd in private:  # the server's pipes to the study
             os.close(fd)
-        _own_what_imports_made()
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -252,6 +250,7 @@ def _run_child(request: dict, private: list[int]) -> None:
             os.execv(sys.executable, [sys.executable, *args])
         if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():  # read at a fresh start
             torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+        _own_what_imports_made()  # not before an exec above: its folders would never be removed
         import runpy
 
         if args[0] == "-m":
