@@ -4,7 +4,8 @@
 
 It installs what is missing from the wheels folder (offline: ``pip install --no-index``), then runs
 ``python -m pretrainlab.slot`` with the same arguments (any of its commands: pack, wheels, run,
-merge). Only the standard library is used before the installation. docs/slot.md says what to carry.
+merge): in a fresh interpreter after an installation, in this one otherwise. Only the standard library
+is used before the installation. docs/slot.md says what to carry.
 """
 
 import importlib.util
@@ -82,7 +83,18 @@ def main() -> None:
     )
     if importlib.util.find_spec("pretrainlab") is None:  # a copy of the project, not installed: run it from src/
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    os.execve(sys.executable, [sys.executable, "-m", "pretrainlab.slot", *argv], env)
+    if installed["packages"]:  # a fresh interpreter imports what was just installed
+        os.execve(sys.executable, [sys.executable, "-m", "pretrainlab.slot", *argv], env)
+    # nothing installed: `python -m pretrainlab.slot` in this interpreter, which keeps what it has imported
+    # already (all of it when this script was forked from a process that had: tests/conftest.py's commands)
+    import runpy
+
+    os.environ.update(env)
+    sys.path[0] = os.getcwd()  # python -m's first path entry, not this script's folder
+    if "PYTHONPATH" in env and str(ROOT / "src") not in sys.path:
+        sys.path.insert(1, str(ROOT / "src"))
+    sys.argv = ["-m", *argv]  # runpy puts the module's file first, as python -m does
+    runpy.run_module("pretrainlab.slot", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -100,12 +100,19 @@ def test_the_hybrid_learns_both_its_masked_and_its_causal_head(shared_run):
     assert [c["status"] for c in result["learning"]] == ["past baseline", "past baseline"]
 
 
+# NSP on pairs of segments leaves chance sooner at twice the learning rate: after 600 steps at 4e-3 at
+# 0.87-0.89 (BERT) and 0.88 (ALBERT), where 2e-3 had 0.86-0.91 after 800. Not so ALBERT's SOP (at 4e-3:
+# 0.70-0.92 after 800, moved by when validation runs; at 2e-3: 0.67 after 800, 0.82 after 1,200) or NSP
+# on single sentences (at chance, 0.49, after 600 at 4e-3).
+PAIR_LR = "optim.lr=4.0e-3"
+
+
 @pytest.mark.parametrize(
     "objective, pair, steps, settings",
     [
-        ("bert", "nsp", 800, []),
+        ("bert", "nsp", 600, [PAIR_LR]),
         ("albert", "sop", 1200, []),
-        ("albert", "nsp", 800, ["objective.pair_task=nsp"]),  # ALBERT Table 5's NSP row
+        ("albert", "nsp", 600, ["objective.pair_task=nsp", PAIR_LR]),  # ALBERT Table 5's NSP row
         # RoBERTa Table 2's SENTENCE-PAIR, at the tokens per step of segment pairs (as the paper matched
         # them): at batch 32 it holds half the tokens (NSP at 0.65 after 1,200 steps of tiny), at 64 it is at
         # 0.91 after 800
@@ -115,8 +122,8 @@ def test_the_hybrid_learns_both_its_masked_and_its_causal_head(shared_run):
 def test_pair_objectives_learn_both_heads(shared_run, objective, pair, steps, settings):
     """Both heads past their baselines, the pair head at 0.8 or more (by the run's metrics and again from
     its checkpoint), and BERT's NSP head at chance on sentence-order pairs. The pair heads leave chance
-    late: NSP at 0.84-0.91 after 600 steps and 0.86-0.91 after 800 (BERT, ALBERT, sentence pairs), ALBERT's
-    SOP at 0.67 after 800 steps and 0.82 after 1,200."""
+    late, after the masked LM: each run takes the steps (and learning rate, PAIR_LR) its pair head needs
+    to reach 0.85 or more on the CPU."""
     run_dir, result = train(shared_run, objective, steps, *settings)
     assert result[f"val/{pair}_acc"] >= 0.8  # chance: 0.5 (balanced labels)
     assert result["val/mlm_acc"] > 1.5 * unigram_baseline()
