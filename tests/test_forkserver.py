@@ -160,10 +160,53 @@ def test_a_process_keeps_one_server_for_all_its_phases_and_replaces_one_that_end
         server._proc.wait()
         again = forkserver.shared(preload)
         assert again is not server
+        server.close()  # the ended one's socket folder goes too
         third = again.popen(["-m", "inherits"], work / "3.log", dict(os.environ), work)
         assert third.wait(timeout=60) == 0
     finally:
         forkserver._SHARED.pop(preload).close()
+
+
+NESTED_STUDY = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from pretrainlab.studies import forkserver
+
+    server = forkserver.shared(("pretrainlab.studies.forkserver",))
+    run = server.popen(["-m", "nested_run"], "run.log", dict(os.environ), os.getcwd())
+    code = run.wait(timeout=60)
+    more = forkserver.ForkServer(("pretrainlab.studies.forkserver", "json"))  # what its origin did not import
+    more.start()
+    fresh = "from pretrainlab.studies import forkserver; print(forkserver._ORIGIN)"
+    afresh = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True).stdout.strip()
+    info = {"code": code, "own": server._proc is not None, "more_own": more._proc is not None, "afresh": afresh}
+    more.close()
+    server.close()
+    json.dump(info, open("study.json", "w"))
+    """
+)  # its paths are relative to its own folder, which is not its server's
+
+
+def test_a_forked_process_forks_its_processes_from_the_server_it_came_from(work):
+    """A study that was itself forked (the tests' commands are) starts no server of its own where its server
+    imported what it needs: its processes are forked by that one, which tells it (not its other clients) how
+    they ended. Asking for more imports starts a server of its own, and a process it starts afresh (a DDP
+    rank, a SLURM job) knows of none."""
+    import json
+
+    (work / "nested_study.py").write_text(NESTED_STUDY)
+    (work / "nested_run.py").write_text(
+        "import json, os\njson.dump({'ppid': os.getppid()}, open('run.json', 'w'))\nraise SystemExit(3)\n"
+    )
+    with ForkServer(preload=("pretrainlab.studies.forkserver",)) as server:
+        study = server.popen(["-m", "nested_study"], work / "study.log", dict(os.environ), work)
+        assert study.wait(timeout=120) == 0, (work / "study.log").read_text()[-3000:]
+        assert server._proc is not None
+        origin = server._proc.pid
+    info = json.loads((work / "study.json").read_text())
+    assert info == {"code": 3, "own": False, "more_own": True, "afresh": "None"}, info
+    assert json.loads((work / "run.json").read_text())["ppid"] == origin
+    assert (work / "run.log").exists()
 
 
 def test_a_server_that_cannot_start_is_named(work, monkeypatch):

@@ -10,6 +10,12 @@ its exit status reported as a process's. The server is a fresh interpreter
 that has only imported (no CUDA, no threads, nothing of the study's process); a process forked from a
 server in which CUDA was initialized anyway starts a fresh interpreter in its place.
 
+A process forked from a server does not start a server of its own when the one it came from imported what
+it needs: it forks its processes from that one, through the server's socket (a folder only this user can
+read). A study or a slot that was itself forked (tests/conftest.py forks the commands the tests run) then
+starts its runs without a second interpreter's imports. Only the forked process knows the socket: a
+process it starts afresh (a DDP rank, a SLURM job) starts its own.
+
     server = ForkServer()
     with server:
         proc = server.popen(["-m", "pretrainlab.studies.parallel", "spec.yaml"], log, env, cwd)
@@ -18,7 +24,7 @@ server in which CUDA was initialized anyway starts a fresh interpreter in its pl
     server = shared()   # this process's server, kept for all its phases (a study's pretraining, then its
                         # evaluations; a slot's calibration, runs and evaluations), stopped when it exits
 
-    python -m pretrainlab.studies.forkserver <module to import>...   # the server (what ForkServer starts)
+    python -m pretrainlab.studies.forkserver <module to import>...   # a server (ForkServer starts serve())
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ import atexit
 import json
 import os
 import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import weakref
 from pathlib import Path
+from typing import IO
 
 from pretrainlab.runtime.early import WANDB_MODULES
 
@@ -76,12 +85,16 @@ class Forked:
 
 
 class ForkServer:
-    """The client's side: starts the server (``python -m pretrainlab.studies.forkserver``) on first use,
+    """The client's side: starts the server (:func:`serve` in a fresh interpreter) on first use,
     forks processes from it, and stops it when closed (after the processes it forked have ended)."""
 
     def __init__(self, preload: tuple[str, ...] = PRELOAD):
         self.preload = preload
         self._proc: subprocess.Popen | None = None
+        self._conn: socket.socket | None = None  # to the server this process was forked from (_ORIGIN)
+        self._requests: IO[bytes] | None = None  # the server's input: its standard input, or the connection
+        self._ended = threading.Event()  # the server's answers have ended
+        self._folder: str | None = None  # the folder of the socket of the server this process started
         self._messages: queue.Queue = queue.Queue()
         self._forked: dict[int, Forked] = {}
         self._lock = threading.RLock()
@@ -94,20 +107,38 @@ class ForkServer:
         self.close()
 
     def start(self) -> None:
-        """Start the server (it imports while the caller goes on; :meth:`popen` waits for it)."""
-        if self._proc is not None:
+        """Start the server (it imports while the caller goes on; :meth:`popen` waits for it), or connect to
+        the one this process was forked from where that one imported ``preload``."""
+        if self._requests is not None:
             return
+        if _ORIGIN is not None and set(self.preload) <= set(_ORIGIN[1]):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(_ORIGIN[0])
+            except OSError:  # it has ended: a server of this process's own
+                conn.close()
+            else:
+                self._conn, self._requests = conn, conn.makefile("wb")
+                threading.Thread(target=self._read, args=(conn.makefile("rb"),), daemon=True).start()
+                return
+        import tempfile
+
+        self._folder = tempfile.mkdtemp(prefix="pretrainlab-forkserver-")  # its socket's: only this user's
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pretrainlab.studies.forkserver", *self.preload],
+            [sys.executable, "-c", _SERVE, *self.preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches the study, not the server
+            env={**os.environ, _FOLDER: self._folder},
         )
+        self._requests = self._proc.stdin
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
 
     def alive(self) -> bool:
         """Not started yet, or running."""
-        return self._proc is None or self._proc.poll() is None
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return not self._ended.is_set()
 
     def _read(self, stream) -> None:
         for line in stream:
@@ -115,6 +146,7 @@ class ForkServer:
                 self._messages.put(json.loads(line))
             except ValueError:  # not an answer: something the server printed, shown as it is
                 sys.stderr.write(line.decode(errors="replace"))
+        self._ended.set()
         self._messages.put({"closed": True})
 
     def _next(self, block: bool) -> dict | None:
@@ -123,13 +155,16 @@ class ForkServer:
         except queue.Empty:
             return None
         if "closed" in message:
-            assert self._proc is not None
-            code = self._proc.wait()
             for forked in self._forked.values():  # no more news of them: they were the server's children
                 if forked.returncode is None:
                     forked.returncode = -signal.SIGKILL
+            if self._proc is None:
+                raise ForkServerError("the fork server this process was forked from has ended")
+            code = self._proc.wait()
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
             raise ForkServerError(
-                f"the fork server (python -m pretrainlab.studies.forkserver) ended with exit status {code}"
+                f"the fork server (pretrainlab.studies.forkserver.serve) ended with exit status {code}"
             )
         if "exited" in message:
             self._forked[message["exited"]].returncode = message["status"]
@@ -149,16 +184,18 @@ class ForkServer:
         if not ((args[:1] == ["-m"] and len(args) >= 2) or (args and str(args[0]).endswith(".py"))):
             raise ValueError(f"{args}: a fork server starts `-m <module> <args>` or `<script.py> <args>`")
         self.start()
-        assert self._proc is not None and self._proc.stdin is not None
+        assert self._requests is not None
         with self._lock:
             while not self._ready:
                 message = self._next(block=True)
                 self._ready = bool(message and "ready" in message)
-            request = {"args": [str(a) for a in args], "log": str(log), "env": dict(env), "cwd": str(cwd)}
+            # paths as this process reads them: the server's working directory may be another's
+            request = {"args": [str(a) for a in args], "log": os.path.abspath(log), "env": dict(env)}
+            request["cwd"] = os.path.abspath(cwd)
             if stderr is not None:
-                request["stderr"] = str(stderr)
-            self._proc.stdin.write((json.dumps(request) + "\n").encode())
-            self._proc.stdin.flush()
+                request["stderr"] = os.path.abspath(stderr)
+            self._requests.write((json.dumps(request) + "\n").encode())
+            self._requests.flush()
             while True:
                 message = self._next(block=True)
                 if message and "forked" in message:
@@ -169,25 +206,44 @@ class ForkServer:
     def close(self) -> None:
         """Stop the server: at once when every process it forked has ended (a server still importing is
         not waited for: a study stopped by its time limit or a signal stops now), else once they have
-        (closing its input tells it to)."""
-        if self._proc is None:
+        (closing its input tells it to). Connected to the server this process was forked from: disconnect
+        (that server goes on for the others, and its processes run to their end)."""
+        if self._requests is None:
             return
-        assert self._proc.stdin is not None
         try:
             self._collect()
         except ForkServerError:  # it has ended already
             pass
         try:
-            self._proc.stdin.close()
-        except BrokenPipeError:
+            self._requests.close()
+        except OSError:
             pass
+        self._requests = None
+        if self._conn is not None:
+            try:
+                self._conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._conn.close()
+            self._conn = None
+            return
+        assert self._proc is not None
         if all(f.returncode is not None for f in self._forked.values()):
             self._proc.kill()
         self._proc.wait()
         self._proc = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
 
 _SHARED: dict[tuple[str, ...], ForkServer] = {}
+_FOLDER = "PRETRAINLAB_FORKSERVER_FOLDER"  # where a server puts its socket (the client made it)
+# the server, in this module (not a second copy of it as __main__): the processes it forks find their
+# origin in the module that their own ForkServer reads
+_SERVE = "import sys\nfrom pretrainlab.studies.forkserver import serve\nserve(sys.argv[1:])"
+# in a process a server forked: (its socket, what it was asked to import); None in any other
+_ORIGIN: tuple[str, tuple[str, ...]] | None = None
 
 
 def shared(preload: tuple[str, ...] = PRELOAD) -> ForkServer:
@@ -207,7 +263,14 @@ def _close_shared() -> None:
         _SHARED.popitem()[1].close()
 
 
-os.register_at_fork(after_in_child=_SHARED.clear)
+def _forget_servers() -> None:
+    """In a process forked from this one: no server of its parent's (nor the one its parent came from)."""
+    global _ORIGIN
+    _SHARED.clear()
+    _ORIGIN = None
+
+
+os.register_at_fork(after_in_child=_forget_servers)
 
 
 # --- the server ---
@@ -223,12 +286,15 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _run_child(request: dict, private: list[int]) -> None:
-    """In the forked process: become ``python <args>`` as a fresh interpreter would, then exit."""
+def _run_child(request: dict, private: list[int], origin: tuple[str, tuple[str, ...]]) -> None:
+    """In the forked process: become ``python <args>`` as a fresh interpreter would, then exit. ``origin``
+    (the server's socket, what it imported) is where this process's own :class:`ForkServer` forks from."""
     code = 1
     try:
-        for fd in private:  # the server's pipes to the study
+        for fd in private:  # the server's pipes to the study, its socket and its other clients
             os.close(fd)
+        global _ORIGIN
+        _ORIGIN = origin
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -314,16 +380,33 @@ def _shutdown(code: int) -> int:
     return code
 
 
+class _Client:
+    """Who asks the server for processes: the study on its standard input and output, or a process the
+    server forked, on a connection to its socket."""
+
+    def __init__(self, read: int, write: int):
+        self.read, self.write, self.buffer, self.gone = read, write, b"", False
+
+    def answer(self, message: dict) -> None:
+        if self.gone:
+            return
+        try:
+            os.write(self.write, (json.dumps(message) + "\n").encode())
+        except OSError:  # it has gone: the news of its processes is nobody's
+            self.gone = True
+
+
 def serve(preload: list[str]) -> None:
     """Import ``preload`` (a module that is not installed is skipped), then fork a process for each
-    request on standard input (one JSON line: args, log, env, cwd), answering ``{"forked": pid}``, and
-    ``{"exited": pid, "status": code}`` when it ends; on end of input, wait for them and exit."""
+    request on standard input or on a connection to its socket (one JSON line: args, log, env, cwd),
+    answering ``{"forked": pid}``, and ``{"exited": pid, "status": code}`` when it ends; on end of standard
+    input, wait for them (serving those still connected) and exit."""
     import importlib
     import selectors
+    import tempfile
 
     requests, answers = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # what an import prints goes to the study's console, never into the answers
-    private = [requests, answers]
     loaded = []
     for name in preload:
         try:
@@ -331,36 +414,65 @@ def serve(preload: list[str]) -> None:
             loaded.append(name)
         except ImportError:
             pass
+    # only this user can reach the socket: a folder of its own (the client's, which removes it after a kill)
+    folder = os.environ.pop(_FOLDER, None) or tempfile.mkdtemp(prefix="pretrainlab-forkserver-")
+    path = os.path.join(folder, "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    origin = (path, tuple(preload))
+    ready = {"ready": loaded}
 
-    def answer(message: dict) -> None:
-        os.write(answers, (json.dumps(message) + "\n").encode())
-
-    answer({"ready": loaded})
-    children: set[int] = set()
-    buffer, open_input = b"", True
+    study = _Client(requests, answers)
+    clients = {requests: study}
+    owner: dict[int, _Client] = {}
+    study.answer(ready)
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
-    while open_input or children:
-        if open_input and selector.select(timeout=0.1):
-            chunk = os.read(requests, 65536)
-            open_input = bool(chunk)
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                request = json.loads(line)
-                pid = os.fork()
+    selector.register(listener, selectors.EVENT_READ)
+    open_input = True
+    try:
+        while open_input or owner:
+            for key, _ in selector.select(timeout=0.1):
+                if key.fileobj is listener:
+                    fd = listener.accept()[0].detach()
+                    clients[fd] = _Client(fd, fd)
+                    selector.register(fd, selectors.EVENT_READ)
+                    clients[fd].answer(ready)
+                    continue
+                client = clients[key.fd]
+                try:
+                    chunk = os.read(client.read, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:  # it closed: the study's end of input, or a process that disconnected
+                    selector.unregister(client.read)
+                    del clients[client.read]
+                    if client is study:
+                        open_input = False
+                    else:
+                        client.gone = True
+                        os.close(client.read)
+                    continue
+                client.buffer += chunk
+                while b"\n" in client.buffer:
+                    line, client.buffer = client.buffer.split(b"\n", 1)
+                    request = json.loads(line)
+                    private = [requests, answers, listener.fileno(), selector.fileno()]
+                    private += [fd for fd in clients if fd != requests]
+                    pid = os.fork()
+                    if pid == 0:
+                        _run_child(request, private, origin)
+                    owner[pid] = client
+                    client.answer({"forked": pid})
+            while owner:
+                pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
-                    _run_child(request, private)
-                children.add(pid)
-                answer({"forked": pid})
-        elif not open_input:
-            time.sleep(0.1)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            answer({"exited": pid, "status": os.waitstatus_to_exitcode(status)})
+                    break
+                owner.pop(pid).answer({"exited": pid, "status": os.waitstatus_to_exitcode(status)})
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
