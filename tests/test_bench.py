@@ -3,12 +3,11 @@
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_command
 
 
 def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
@@ -18,7 +17,7 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
         (corpus / f"book{b}.txt").write_text(
             " ".join(f"Line {i} of book {b} is about river{i % 7}." for i in range(300))
         )
-    out = subprocess.run(
+    out = run_command(
         [
             sys.executable,
             "experiments/bench.py",
@@ -46,8 +45,6 @@ def test_bench_compares_with_transformers_and_times_the_data_pipeline(tmp_path):
             str(corpus),
         ],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
