@@ -81,7 +81,8 @@ def main() -> None:
         PRETRAINLAB_SLOT_INSTALLED=json.dumps(installed),
         PRETRAINLAB_COMMAND=shlex.join(["python", sys.argv[0], *argv]),  # what the slot's reports and hints name
     )
-    if importlib.util.find_spec("pretrainlab") is None:  # a copy of the project, not installed: run it from src/
+    from_src = importlib.util.find_spec("pretrainlab") is None  # a copy of the project, not installed
+    if from_src:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
     if installed["packages"]:  # a fresh interpreter imports what was just installed
         os.execve(sys.executable, [sys.executable, "-m", "pretrainlab.slot", *argv], env)
@@ -91,7 +92,7 @@ def main() -> None:
 
     os.environ.update(env)
     sys.path[0] = os.getcwd()  # python -m's first path entry, not this script's folder
-    if "PYTHONPATH" in env and str(ROOT / "src") not in sys.path:
+    if from_src:  # what PYTHONPATH gives the processes it starts
         sys.path.insert(1, str(ROOT / "src"))
     sys.argv = ["-m", *argv]  # runpy puts the module's file first, as python -m does
     runpy.run_module("pretrainlab.slot", run_name="__main__", alter_sys=True)

@@ -23,8 +23,6 @@ process it starts afresh (a DDP rank, a SLURM job) starts its own.
 
     server = shared()   # this process's server, kept for all its phases (a study's pretraining, then its
                         # evaluations; a slot's calibration, runs and evaluations), stopped when it exits
-
-    python -m pretrainlab.studies.forkserver <module to import>...   # a server (ForkServer starts serve())
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -121,15 +120,12 @@ class ForkServer:
                 self._conn, self._requests = conn, conn.makefile("wb")
                 threading.Thread(target=self._read, args=(conn.makefile("rb"),), daemon=True).start()
                 return
-        import tempfile
-
         self._folder = tempfile.mkdtemp(prefix="pretrainlab-forkserver-")  # its socket's: only this user's
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, *self.preload],
+            [sys.executable, "-c", _SERVE, self._folder, *self.preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches the study, not the server
-            env={**os.environ, _FOLDER: self._folder},
         )
         self._requests = self._proc.stdin
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
@@ -161,8 +157,7 @@ class ForkServer:
             if self._proc is None:
                 raise ForkServerError("the fork server this process was forked from has ended")
             code = self._proc.wait()
-            if self._folder is not None:
-                shutil.rmtree(self._folder, ignore_errors=True)
+            self._remove_folder()
             raise ForkServerError(
                 f"the fork server (pretrainlab.studies.forkserver.serve) ended with exit status {code}"
             )
@@ -232,16 +227,19 @@ class ForkServer:
             self._proc.kill()
         self._proc.wait()
         self._proc = None
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        """The socket's folder of a server that has ended (removed by it too, unless it was killed)."""
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
 
 _SHARED: dict[tuple[str, ...], ForkServer] = {}
-_FOLDER = "PRETRAINLAB_FORKSERVER_FOLDER"  # where a server puts its socket (the client made it)
-# the server, in this module (not a second copy of it as __main__): the processes it forks find their
-# origin in the module that their own ForkServer reads
-_SERVE = "import sys\nfrom pretrainlab.studies.forkserver import serve\nserve(sys.argv[1:])"
+# the server: serve(preload, folder) in this module (not a second copy of it as __main__), so that the
+# processes it forks find their origin in the module their own ForkServer reads
+_SERVE = "import sys\nfrom pretrainlab.studies.forkserver import serve\nserve(sys.argv[2:], sys.argv[1])"
 # in a process a server forked: (its socket, what it was asked to import); None in any other
 _ORIGIN: tuple[str, tuple[str, ...]] | None = None
 
@@ -346,8 +344,6 @@ def _own_what_imports_made() -> None:
     first child to end removed it from under the others, and their W&B tables failed ("No such file or
     directory: .../wandb-media/...table.json")."""
     import atexit
-    import shutil
-    import tempfile
 
     for made in list(weakref.finalize._registry):  # type: ignore[attr-defined]
         made.atexit = False
@@ -396,14 +392,14 @@ class _Client:
             self.gone = True
 
 
-def serve(preload: list[str]) -> None:
+def serve(preload: list[str], folder: str) -> None:
     """Import ``preload`` (a module that is not installed is skipped), then fork a process for each
     request on standard input or on a connection to its socket (one JSON line: args, log, env, cwd),
     answering ``{"forked": pid}``, and ``{"exited": pid, "status": code}`` when it ends; on end of standard
-    input, wait for them (serving those still connected) and exit."""
+    input, wait for them (serving those still connected) and exit. Its socket is in ``folder`` (the client's,
+    only this user's), which it removes at its end."""
     import importlib
     import selectors
-    import tempfile
 
     requests, answers = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # what an import prints goes to the study's console, never into the answers
@@ -414,8 +410,6 @@ def serve(preload: list[str]) -> None:
             loaded.append(name)
         except ImportError:
             pass
-    # only this user can reach the socket: a folder of its own (the client's, which removes it after a kill)
-    folder = os.environ.pop(_FOLDER, None) or tempfile.mkdtemp(prefix="pretrainlab-forkserver-")
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -473,7 +467,3 @@ def serve(preload: list[str]) -> None:
     finally:
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1:])
