@@ -257,6 +257,15 @@ def test_the_startup_bench_times_both_ways_and_writes_its_report(tmp_path, capsy
     assert "Fresh / forked: CPU " in report["about"] and "Fresh / forked" in capsys.readouterr().out
 
 
+def test_the_startup_bench_keeps_the_time_of_a_light_process_in_its_table():
+    """A light process (``--module this``) takes hundredths of a second of CPU on a fast machine: its row says so
+    instead of rounding it to 0.0 (which failed the bench's own test on such a machine)."""
+    from pretrainlab.tools.bench_startup import _row
+
+    assert _row("fresh", 2, 0.043, 0.031) == ["fresh", 2, "0.043", "0.031", "0.015"]
+    assert _row("fresh", 4, 61.27, 18.06) == ["fresh", 4, "61.3", "18.1", "4.5"]
+
+
 def test_the_startup_bench_with_wandb_times_wandb_after_torch_and_first(tmp_path, monkeypatch, capsys):
     """--wandb: the probes start an offline W&B run; fresh processes are started twice (W&B imported after
     torch, then first) and forked once, and the report says the ratio of the two fresh ways."""

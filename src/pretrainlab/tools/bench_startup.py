@@ -141,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _row(started: str, processes: int, wall: float, cpu: float) -> list:
     """A row of the table: how the processes started, how many, wall-clock, CPU and CPU per process."""
-    return [started, processes, f"{wall:.1f}", f"{cpu:.1f}", f"{cpu / processes:.1f}"]
+    return [started, processes, _seconds(wall), _seconds(cpu), _seconds(cpu / processes)]
+
+
+def _seconds(s: float) -> str:
+    """Seconds to a tenth, or to a thousandth under one: a light process (``--module this``) takes
+    hundredths of a second on a fast machine, which a tenth rounds to 0."""
+    return f"{s:.1f}" if s >= 1 else f"{s:.3f}"
 
 
 def _wandb_run() -> Path:
