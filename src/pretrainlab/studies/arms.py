@@ -160,6 +160,12 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
+def run_label(cfg) -> str:
+    """How the log names a study's pretraining run: its arm (two arms of one objective told apart; the
+    objective's name where the arm is the objective) and seed."""
+    return f"{cfg.get('arm') or cfg.objective.name} seed {cfg.seed}"
+
+
 def arm_of(run: str) -> str:
     """The arm a run's folder name (:func:`run_name`) belongs to."""
     return re.sub(r"-s\d+$", "", run)

@@ -40,6 +40,7 @@ import pretrainlab.runtime.hydra  # noqa: F401  (the resolvers the configs use)
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError, plain
 from pretrainlab.pretraining import run as pretraining
+from pretrainlab.studies.arms import run_label
 from pretrainlab.studies.forkserver import Forked, shared
 from pretrainlab.studies.intrinsic import held_out, intrinsic_row
 from pretrainlab.studies.suite import run_suite
@@ -129,7 +130,7 @@ def pretraining_work(
     if checks not in CHECKS:
         raise ValueError(f"checks={checks!r}: one of {', '.join(CHECKS)}")
     spec = {"run_dir": str(run_dir), "choices": dict(choices), "checks": checks, "done": done}
-    return Work(name or f"pretraining {cfg.objective.name} seed {cfg.seed}", "pretrain", cfg, spec, log)
+    return Work(name or f"pretraining {run_label(cfg)}", "pretrain", cfg, spec, log)
 
 
 def measure_work(name: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Work:

@@ -23,7 +23,7 @@ from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
 from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences
 from pretrainlab.runtime.rundir import LOCK, latest_checkpoint
-from pretrainlab.studies.arms import pretraining_config, run_name, set_group, study_arms
+from pretrainlab.studies.arms import pretraining_config, run_label, run_name, set_group, study_arms
 from pretrainlab.studies.parallel import Work, suite_work
 from pretrainlab.studies.suite import plan_suite, task_config
 
@@ -220,7 +220,7 @@ class StudyWork:
             plan_suite(gcfg, self.tasks, self.seeds, None, plain(gcfg.task_overrides))
         self.pending = []
         for run_dir, train_cfg, choices, done in self.planned:
-            name = f"{train_cfg.objective.name} seed {train_cfg.seed}"
+            name = run_label(train_cfg)
             if done:
                 log.info("pretraining %s: done already (%s)", name, run_dir)
                 continue
