@@ -95,6 +95,75 @@ def test_a_detector_that_always_says_original_is_at_its_baseline():
     assert learning.detection_check("replaced-token detection", "rtd", m).at_baseline
 
 
+def _token_detection(seed: int, reads_context: bool):
+    """12,000 tokens of a 200-word vocabulary in which the first 40 words are replaced 60% of the time
+    and the others 4%; a detector whose logit is each word's log-odds of being replaced (the token alone),
+    or that also sees, with noise, whether this occurrence was replaced (its context)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 200, size=12000)
+    rate = np.where(ids < 40, 0.6, 0.04)
+    replaced = rng.random(12000) < rate
+    logits = np.log(rate / (1 - rate)) + (3.0 * replaced - 1.5 + rng.normal(0, 1, 12000) if reads_context else 0.0)
+    tally = learning.detection_tally(
+        "rtd",
+        torch.as_tensor(logits, dtype=torch.float32),
+        torch.as_tensor(replaced).float(),
+        torch.ones(12000, dtype=torch.bool),
+        torch.as_tensor(ids),
+        200,
+    )
+    return learning.detection_metrics("rtd", learning.to_host(tally)), ids, replaced
+
+
+def test_a_detector_that_reads_only_the_token_is_at_the_token_alone_baseline():
+    """Replacements a word gives away by itself (a generator sampling rare words): a detector that knows
+    only which words get replaced finds them with a high AUC, which "always original" (0.5) would count
+    as past its baseline; beside the token alone, it is at it. One that reads its context is past both."""
+    alone, _, _ = _token_detection(3, reads_context=False)
+    assert alone["rtd_auc"] > 0.8 and alone["rtd_recall"] > 0.5  # past 0.75 with a tenth found
+    assert alone["rtd_token_auc"] == pytest.approx(alone["rtd_auc"], abs=0.01)
+    check = learning.detection_check("replaced-token detection", "rtd", alone)
+    assert check.status == learning.AT and check.baseline == alone["rtd_token_auc"]
+    assert check.baseline_name == "the token alone"
+    context, _, _ = _token_detection(3, reads_context=True)
+    assert context["rtd_auc"] > context["rtd_token_auc"] + 0.05
+    assert learning.detection_check("replaced-token detection", "rtd", context).status == learning.PAST
+
+
+def test_the_token_alone_auc_is_cross_fitted_and_equals_the_rank_statistic_on_the_other_half():
+    """Each half's tokens are scored by the other half's counts (no word scores itself): words seen once
+    tell nothing (AUC near 0.5, where scoring a word by its own occurrence would give 1.0), and on the
+    synthetic vocabulary it is the exact rank statistic of those scores."""
+    ids = torch.arange(6000)  # every word once
+    replaced = torch.as_tensor(np.random.default_rng(4).random(6000) < 0.3)
+    tally = learning.detection_tally(
+        "rtd", torch.zeros(6000), replaced.float(), torch.ones(6000, dtype=torch.bool), ids, 6000
+    )
+    assert learning.token_alone_auc("rtd", learning.to_host(tally)) == pytest.approx(0.5, abs=1e-9)
+    m, ids_np, replaced_np = _token_detection(5, reads_context=False)
+    halves = np.arange(len(ids_np)) % 2
+    aucs = []
+    for fit, judged in ((0, 1), (1, 0)):
+        f, j = halves == fit, halves == judged
+        rep = np.bincount(ids_np[f & replaced_np], minlength=200)
+        seen = np.bincount(ids_np[f], minlength=200)
+        share = rep.sum() / seen.sum()
+        score = ((rep + share) / (seen + 1.0))[ids_np[j]]
+        pos, neg = score[replaced_np[j]], score[~replaced_np[j]]
+        aucs.append(
+            ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+        )
+    assert m["rtd_token_auc"] == pytest.approx(np.mean(aucs), abs=1e-9)
+    # without the per-token counts (a tally of logits alone) there is no such baseline: "always original"
+    plain = learning.detection_metrics(
+        "rtd",
+        learning.to_host(
+            learning.detection_tally("rtd", torch.zeros(10), torch.zeros(10), torch.ones(10, dtype=torch.bool))
+        ),
+    )
+    assert "rtd_token_auc" not in plain
+
+
 @pytest.mark.parametrize(
     "correct, status", [(5000, learning.AT), (5150, learning.AT), (5300, learning.ABOVE), (6000, learning.PAST)]
 )
@@ -320,7 +389,9 @@ def test_the_learning_curve_keeps_one_row_per_validation_and_a_resumed_run_repla
 def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_path, name):
     """experiments/reference.py trains the same-shape transformers model on the run's batches and scores
     it with the same checks: at every evaluation its trivial baselines are the run's own (the same
-    held-out positions), and it learns (a reference stuck at chance would say nothing)."""
+    held-out positions), and it learns (a reference stuck at chance would say nothing). ELECTRA's detection
+    is judged beside the token alone on the replacements its own generator made, so that baseline is each
+    model's own: both are the token alone's AUC, each above 0.5."""
     import csv
     import sys
 
@@ -349,6 +420,9 @@ def test_the_transformers_reference_is_judged_on_the_same_held_out_batches(tmp_p
     assert heads and set(heads) == {k.split(":", 1)[1] for k in ours["15"] if k.startswith("baseline:")}
     for row in theirs:
         for head in heads:
+            if head == "replaced-token detection":
+                assert all(0.5 < float(r[f"baseline:{head}"]) < 1 for r in (row, ours[row["step"]]))
+                continue
             assert float(row[f"baseline:{head}"]) == pytest.approx(float(ours[row["step"]][f"baseline:{head}"]))
     first = "MLM at [MASK]" if name == "roberta" else "generator at [MASK]"
     assert float(theirs[-1][f"value:{first}"]) > float(theirs[-1][f"baseline:{first}"])

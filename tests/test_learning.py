@@ -162,6 +162,8 @@ def test_electra_generator_and_discriminator_learn(shared_run):
     assert result["val/rtd_recall"] > 0.05  # it finds a share of the replacements, not one or two
     # held out, threshold-free: replaced tokens score above original ones, and neither head is at its baseline
     assert result["learning/rtd_auc"] > 0.65 and result["learning/heads_at_baseline"] == 0, result["learning"]
+    # and from the context: clearly above a detector that sees each token alone (which words get replaced)
+    assert result["learning/rtd_auc"] > result["learning/rtd_token_auc"] + 0.05, result["learning"]
     assert result["learning/gen_acc_at_mask"] > 2 * result["learning/gen_unigram_acc"]
 
 

@@ -169,7 +169,7 @@ class ELECTRA(MaskingSchedule, Objective):
         )
         disc_ids, replaced = self.replace(ids, positions, originals, sampled)
         logits = self.discriminator_head(encoder(disc_ids, types, attention).hidden_states)
-        return counts | detection_tally("rtd", logits, replaced, attention)
+        return counts | detection_tally("rtd", logits, replaced, attention, disc_ids, weight.shape[0])
 
     def learning(self, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
         gen, rtd = masked_metrics("gen", tally, self.token_counts), detection_metrics("rtd", tally)

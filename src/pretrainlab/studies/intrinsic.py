@@ -180,8 +180,9 @@ def learning_markdown(rows: dict[str, dict]) -> str:
         "",
         "Masked LMs: accuracy at [MASK] positions beside always answering the most frequent token of the "
         "same positions (past baseline: at least twice it, with a loss below the token frequencies'); replaced-token detection: AUC beside always "
-        'answering "original" (0.5; past: AUC >= 0.75 with a tenth of the replacements found; at '
-        "baseline: under 2% found); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
+        'answering "original" (0.5) and beside a detector that sees each token alone, not its context (past: '
+        "AUC >= 0.75 and 0.05 over the token alone's, with a tenth of the replacements found; at baseline: under "
+        "2% found, or within 0.01 of the token alone); NSP/SOP: accuracy beside the majority label (past: 5 points over it, "
         "z >= 3). Encoder: the mean cosine between the final hidden states of held-out tokens (collapsed "
         f"at {learning.COLLAPSED} or more: every token looks alike, a broken run rather than a slow one). A comparison of encoders "
         "at their baseline measures nothing of their objectives yet.",

@@ -79,7 +79,7 @@ def loss_and_tally(objective, model, batch: dict, tally: bool) -> tuple[torch.Te
         loss = gen.loss + objective.disc_weight * disc.loss
         if tally:
             counts = learning.masked_tally("gen", lambda h: h, at, originals, shown, mask_id, at.shape[-1])
-            counts |= learning.detection_tally("rtd", disc.logits, replaced, mask)
+            counts |= learning.detection_tally("rtd", disc.logits, replaced, mask, disc_ids, at.shape[-1])
         return loss, counts
     at, pair = masked_heads(name, model, ids, types, mask, positions)
     loss = torch.nn.functional.cross_entropy(at.reshape(-1, at.shape[-1]).float(), originals.reshape(-1))
