@@ -575,3 +575,20 @@ def test_a_run_and_a_study_say_whether_the_encoder_collapsed(tmp_path, caplog):
     assert "PLM at its targets 0.050" in learning_preface(
         {"xlnet-s0": row}
     ) and "(collapsed: every token looks alike)" in (learning_preface({"xlnet-s0": row}))
+
+
+def test_a_learning_report_says_the_detection_rule_its_rows_were_judged_by():
+    """learning.md (and the docs generated from a published learning.json) states the rule its verdicts were
+    made by: beside the token alone for rows judged so, beside "always original" alone for a report made
+    before (whose verdicts that rule gave), so that an old report does not read as judged by the new one."""
+    from pretrainlab.studies.intrinsic import learning_markdown
+
+    def rows(baseline_name: str, **extra) -> dict:
+        check = learning.HeadCheck("replaced-token detection", "rtd_auc", 0.7, 0.6, baseline_name, learning.ABOVE)
+        return {"electra-s0": {"objective": "electra", "metrics": {}, "checks": [check.to_dict()], **extra}}
+
+    new = learning_markdown(rows("the token alone", baselines=learning.BASELINE_VERSION))
+    old = learning_markdown(rows("always original"))
+    assert "beside a detector that sees each token alone" in new and "0.05 over the token alone's" in new
+    assert "token alone" not in old.split("| electra-s0 |")[-1].split("\n", 1)[1]
+    assert 'AUC beside always answering "original" (0.5; past: AUC >= 0.75 with a tenth' in old
