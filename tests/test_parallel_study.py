@@ -2,6 +2,7 @@
 same runs as one at a time, a failed run named with its log, and a signal passed on to every run in
 progress, which saves and resumes."""
 
+import json
 import os
 import re
 import signal
@@ -91,8 +92,13 @@ def test_two_runs_at_once_are_the_runs_of_a_study_one_at_a_time(tmp_path, monkey
     monkeypatch.setattr("pretrainlab.pretraining.run.run", fail)
     monkeypatch.setattr("pretrainlab.evaluation.run.run", fail)
     monkeypatch.setattr("pretrainlab.studies.parallel.run_parallel", fail)
+    measured = json.loads((tmp_path / "par" / "report" / "cost.json").read_text())["wall_s"]
+    assert set(measured) == {"pretraining", "evaluation"} and measured["pretraining"] > 1
     again = run_study(compose_config("ablate", *overrides, "jobs=1"))
     assert again["labels"] == table["labels"]
+    # the command that found everything done reports the wall-clock of the one that did it (its own, under a
+    # second, was no phase's duration: "pretraining 0.0 min")
+    assert json.loads((tmp_path / "par" / "report" / "cost.json").read_text())["wall_s"] == measured
 
 
 def test_every_runs_settings_are_checked_before_the_first_run_starts(tmp_path):

@@ -37,10 +37,12 @@ that work runs (``studies.launch``: this machine or SLURM, chosen in one place),
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -93,6 +95,20 @@ def run_study(cfg: DictConfig, timeline: Callable[[str], None] | None = None) ->
         unlock(root)
 
 
+def _share(done: int, total: int, resumed: bool) -> str:
+    """Which part of a phase's work a command does: ``all`` of it, ``none`` (all done already) or a ``part``."""
+    if done == total:
+        return "none"
+    return "all" if done == 0 and not resumed else "part"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str], None]) -> dict:
     """The study's phases, each through its launcher: pretraining, what each run learned, evaluation, report."""
     marks: list[tuple[str, float]] = []
@@ -102,6 +118,12 @@ def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str
         timeline(phase)
 
     cfg, runs, report = study.cfg, study.runs, study.root / "report"
+    # a phase's wall-clock is this command's only where it did all of that phase's work: a command that found
+    # it done keeps what the command that did it measured, one that continued it reports none (neither is
+    # the phase's duration)
+    whole = {
+        "pretraining": _share(len(runs) - len(study.pending), len(runs), any(c.ckpt_path for _, c, _ in study.pending))
+    }
     mark("pretraining")
     if not where.pretrain(study):
         return {}  # detached: the jobs are on their way, the same command continues
@@ -122,12 +144,19 @@ def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str
     if study.tasks:  # none with evals=[]: a study of pretraining only, whose report is what each run learned
         mark("evaluation")
         suites = study.suites()
+        whole["evaluation"] = _share(*study.evaluations_done(suites), False)
         where.evaluate(study, study.unfinished(suites))
         for _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
             run_suite(gcfg, study.tasks, study.seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     mark("report")
-    wall = {p: s for p, s in phase_seconds(marks).items() if p in ("pretraining", "evaluation")}
+    before = (_read_json(report / "cost.json") or {}).get("wall_s") or {}
+    measured = phase_seconds(marks)
+    wall = {
+        p: measured[p] if share == "all" else before[p]
+        for p, share in whole.items()
+        if share == "all" or (share == "none" and p in before)
+    }
     table = report_study(cfg, runs, report, study.tasks, study.seeds, study.fractions, learned, wall_s=wall)
     mark("end")
     return table

@@ -251,6 +251,13 @@ class StudyWork:
             for job in plan_suite(suite, self.tasks, self.seeds, None, plain(suite.task_overrides))[1]
         )
 
+    def evaluations_done(self, suites: list[tuple[str, DictConfig]]) -> tuple[int, int]:
+        """How many (encoder, task, seed) evaluations of ``suites`` have their result, of how many."""
+        jobs = [
+            job for _, g in suites for job in plan_suite(g, self.tasks, self.seeds, None, plain(g.task_overrides))[1]
+        ]
+        return sum(job.done is not None for job in jobs), len(jobs)
+
     def unfinished(self, suites: list[tuple[str, DictConfig]]) -> list[Work]:
         """The work of each of ``suites`` with a (task, seed) not done yet."""
         return [
