@@ -592,3 +592,27 @@ def test_a_learning_report_says_the_detection_rule_its_rows_were_judged_by():
     assert "beside a detector that sees each token alone" in new and "0.05 over the token alone's" in new
     assert "token alone" not in old.split("| electra-s0 |")[-1].split("\n", 1)[1]
     assert 'AUC beside always answering "original" (0.5; past: AUC >= 0.75 with a tenth' in old
+
+
+def test_a_slots_recorded_checks_made_by_earlier_baselines_are_kept_and_said_to_be_theirs(tmp_path):
+    """A slot brings its runs back without weights, their held-out checks in intrinsic.json: one made before the
+    token-alone baseline (version 2) cannot be judged again, so merging it keeps its rows as they were judged
+    (bumping the version had left every such row out of the merged report) and its learning.md says the
+    rule that judged them."""
+    import json
+
+    from pretrainlab.studies.intrinsic import learning_report
+
+    check = learning.HeadCheck("replaced-token detection", "rtd_auc", 0.72, 0.5, "always original", learning.ABOVE)
+    runs = []
+    for seed in (0, 1):
+        run = tmp_path / "pretrain" / f"electra-s{seed}"
+        run.mkdir(parents=True)
+        own = {"learning": {"objective": "electra", "metrics": {"rtd_auc": 0.72}, "checks": [check.to_dict()]}}
+        (run / "intrinsic.json").write_text(json.dumps({"baselines": 2, "own": own}))
+        runs.append(run)
+    rows = learning_report(runs, tmp_path / "report", recorded=True)
+    assert sorted(rows) == ["electra-s0", "electra-s1"] and all(r["baselines"] == 2 for r in rows.values())
+    md = (tmp_path / "report" / "learning.md").read_text()
+    assert "| electra-s0 | replaced-token detection | 0.720 | 0.500 (always original) | above baseline |" in md
+    assert 'AUC beside always answering "original" (0.5; past: AUC >= 0.75 with a tenth' in md

@@ -43,6 +43,8 @@ KINDS = ("mask", "kept", "random")  # what the model was shown at a selected pos
 # positions' own tokens, which is lower by half a nat at a few thousand positions of an 8k vocabulary);
 # 3: replaced-token detection is judged beside the token alone as well (detection_check)
 BASELINE_VERSION = 3
+TOKEN_ALONE_SINCE = 3  # the version from which detection is judged beside the token alone
+RECORDED_SINCE = 2  # a recorded evaluation (its weights gone: a slot's) is read from this version on
 LOGIT_RANGE, LOGIT_BINS = 16.0, 2048  # the detection histogram: logits clamped to +-16 in 2048 bins
 AT, ABOVE, PAST = "at baseline", "above baseline", "past baseline"
 
@@ -238,6 +240,9 @@ def judge(objective, tally: dict) -> tuple[dict[str, float], list[HeadCheck]]:
 
 
 # --- replaced-token detection ------------------------------------------------------------------------
+TOKEN_HALVES = ("a", "b")  # the held-out tokens in two alternate halves: one fits, the other judges (token_alone_auc)
+
+
 def detection_tally(
     prefix: str,
     logits: torch.Tensor,
@@ -273,9 +278,6 @@ def detection_tally(
                 picked = tokens[chosen & (half == h)]
                 counts[f"{prefix}_token_{kind}_{name}"] = torch.bincount(picked, minlength=vocab_size).double()
     return counts
-
-
-TOKEN_HALVES = ("a", "b")
 
 
 def token_alone_auc(prefix: str, tally: dict) -> float:

@@ -42,7 +42,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -102,13 +101,6 @@ def _share(done: int, total: int, resumed: bool) -> str:
     return "all" if done == 0 and not resumed else "part"
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str], None]) -> dict:
     """The study's phases, each through its launcher: pretraining, what each run learned, evaluation, report."""
     marks: list[tuple[str, float]] = []
@@ -150,7 +142,8 @@ def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str
             run_suite(gcfg, study.tasks, study.seeds, None, plain(gcfg.task_overrides), resume_hint=resume)
 
     mark("report")
-    before = (_read_json(report / "cost.json") or {}).get("wall_s") or {}
+    earlier = report / "cost.json"  # what the command that did a phase measured of it
+    before = (json.loads(earlier.read_text()) if earlier.is_file() else {}).get("wall_s") or {}
     measured = phase_seconds(marks)
     wall = {
         p: measured[p] if share == "all" else before[p]

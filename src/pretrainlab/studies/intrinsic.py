@@ -97,12 +97,7 @@ def evaluate(
     result: dict = {name: total / count for name, total in sums.items()} | {"examples": count}
     if pair_task is None:
         metrics, checks = learning.judge(objective, learning.to_host(tally or {}))
-        result["learning"] = {
-            "objective": objective.name,
-            "metrics": metrics,
-            "checks": [c.to_dict() for c in checks],
-            "baselines": learning.BASELINE_VERSION,  # which rules judged it (learning_markdown says them)
-        }
+        result["learning"] = {"objective": objective.name, "metrics": metrics, "checks": [c.to_dict() for c in checks]}
     return result
 
 
@@ -110,12 +105,14 @@ def held_out(run: Path, recorded: bool = False) -> dict | None:
     """The run's own held-out evaluation (``evaluate``), computed once per checkpoint and kept in
     ``<run>/intrinsic.json``; None (with a warning) for a run without ``checkpoints/last.ckpt``.
     ``recorded``: read what ``intrinsic.json`` holds and compute nothing (a run brought back without
-    its weights: ``pretrainlab.slot``); None (with a warning) when it holds no such evaluation."""
+    its weights: ``pretrainlab.slot``); None (with a warning) when it holds no such evaluation. A recorded
+    evaluation made by earlier baselines (from ``learning.RECORDED_SINCE``) is kept as it was judged: its
+    weights are gone, so it cannot be judged again, and its report says which rules judged it."""
     checkpoint = run / "checkpoints" / "last.ckpt"
     if recorded:
         cached = run / "intrinsic.json"
         row = json.loads(cached.read_text()) if cached.is_file() else {}
-        if "learning" in row.get("own", {}) and row.get("baselines") == learning.BASELINE_VERSION:
+        if "learning" in row.get("own", {}) and row.get("baselines", 0) >= learning.RECORDED_SINCE:
             return row
         log.warning("%s has no held-out evaluation of its last checkpoint (intrinsic.json): left out", run)
         return None
@@ -139,7 +136,11 @@ def learning_report(runs: list[Path], out_dir: Path, recorded: bool = False) -> 
     (``objectives.learning``): ``learning.json`` and ``learning.md`` in ``out_dir``, and a warning for
     every head still at its baseline. Returns {run name: {"objective", "metrics", "checks"}}.
     ``recorded``: from each run's ``intrinsic.json`` only (:func:`held_out`)."""
-    rows = {run.name: row["own"]["learning"] for run in runs if (row := held_out(run, recorded)) is not None}
+    rows = {  # each with the version of the baselines that judged it (learning_markdown says their rules)
+        run.name: {**row["own"]["learning"], "baselines": row["baselines"]}
+        for run in runs
+        if (row := held_out(run, recorded)) is not None
+    }
     for name, row in rows.items():
         for check in row["checks"]:
             if check["status"] == AT:
@@ -195,12 +196,14 @@ def learning_markdown(rows: dict[str, dict]) -> str:
 
 
 def _detection_rule(rows: dict[str, dict]) -> str:
-    """How the rows' replaced-token detection was judged: beside the token alone as well (baselines version 3
-    on), or, in a report made before, beside always answering "original" only."""
-    beside_token = any(
-        row.get("baselines", 0) >= 3 or any(c.get("baseline_name") == "the token alone" for c in row["checks"])
-        for row in rows.values()
-    )
+    """How the rows' replaced-token detection was judged: beside the token alone as well (baselines from
+    ``learning.TOKEN_ALONE_SINCE``), or, in a report made before, beside always answering "original" only."""
+
+    def version(row: dict) -> int:  # a published learning.json made before rows carried it: by its checks
+        beside = any(c.get("baseline_name") == "the token alone" for c in row["checks"])
+        return int(row.get("baselines") or (learning.TOKEN_ALONE_SINCE if beside else learning.TOKEN_ALONE_SINCE - 1))
+
+    beside_token = bool(rows) and all(version(row) >= learning.TOKEN_ALONE_SINCE for row in rows.values())
     if beside_token:
         return (
             'replaced-token detection: AUC beside always answering "original" (0.5) and beside a detector that sees '
