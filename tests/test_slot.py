@@ -533,6 +533,167 @@ def test_a_slot_whose_study_would_be_refused_writes_no_record_and_no_archive(pac
     assert not list((tmp_path / "w").rglob("slot*.json")) and not (tmp_path / "w" / "slot" / "pretrain").exists()
 
 
+def _calibrated(study_settings: dict, seeds: list[int], device: dict, jobs: dict[str, float]) -> dict:
+    """The record of a slot that calibrated ``jobs`` (job -> TFLOP/s among all of them, twice that alone)."""
+
+    def window(seconds: float, tflops: float) -> dict:
+        return {
+            "seconds": seconds,
+            "steps": 100.0,
+            "tokens": tflops * seconds * 1e12 / 2e6,
+            "flops": tflops * seconds * 1e12,
+        }
+
+    measured = {
+        job: {
+            "job": job,
+            "flops_per_token": 2e6,
+            "setup_s": 10.0 + k,
+            "sanity_s": 5.0,
+            "warm_after_s": 7.0,
+            "together": window(12.0, tflops),
+            "alone": window(3.0, 2 * tflops),
+        }
+        for k, (job, tflops) in enumerate(jobs.items())
+    }
+    return {
+        "started": "2026-11-28 19:17:23 UTC",
+        "seeds": seeds,
+        "device": device,
+        "code": {"digest": "0123456789abcdef"},
+        "settings": study_settings,
+        "mps": {"running": False, "status": "not running"},
+        "plan": {"budget_flops": 3.4e15, "source": "calibrated", "measured": measured},
+        "phases": {"evaluation": {"seconds": 71.0}},
+    }
+
+
+def test_a_slot_plans_from_the_throughput_an_earlier_slot_of_the_same_runs_measured(packed, tmp_path, monkeypatch):
+    """``--rates-from``: no calibration; the budget is the largest that fits this slot's own time at the
+    throughput an earlier slot calibrated (its runs of the i-th seed are this slot's of the i-th seed),
+    each run starting after what its calibration job took to get warm there, since nothing compiled
+    here before; slot.md names where the throughput was measured. Refused before any work when that
+    slot ran other pretraining runs, as many at once on another device, or did not calibrate; its
+    evaluation settings may differ (they do not change how fast pretraining runs)."""
+    from dataclasses import replace
+
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.device import describe
+    from pretrainlab.slot.plan import Rate, largest_budget
+    from pretrainlab.slot.run import compose_study, run_slot, settings
+
+    _, inputs = packed
+    overrides = _small([])
+    study = settings(compose_study(tmp_path, [0, 1], tmp_path, overrides))
+    study["suite"] = {**study["suite"], "seeds": [0, 1, 2]}  # another evaluation: the same pretraining runs
+    jobs = {"roberta-s0": 2.0, "bert-s0": 1.0, "roberta-s1": 2.0, "bert-s1": 1.0}
+    earlier = tmp_path / "slot-electra.json"
+    earlier.write_text(json.dumps(_calibrated(study, [0, 1], describe(), jobs)))
+    before = earlier.read_bytes()
+    trained = {}
+
+    def pretrain(cfg, timeline=None):
+        trained["budget"] = float(cfg.budget_flops)
+
+    monkeypatch.setattr("pretrainlab.studies.ablation.run_study", pretrain)
+    args = replace(
+        _in_process(inputs, tmp_path / "out", tmp_path / "w"),
+        seeds=[3, 4],
+        budget_flops=None,
+        rates_from=earlier,
+        minutes=10.0,
+    )
+    run_slot(args)
+    record = json.loads((tmp_path / "w" / "slot" / "report" / "slot.json").read_text())
+    plan = record["plan"]
+    assert "calibration" not in record["phases"] and "plan" in record["phases"]
+    assert plan["source"].startswith("planned from the throughput measured in the calibration of slot-electra.json")
+    assert plan["measured_in"] == {
+        "from": "slot-electra.json",
+        "started": "2026-11-28 19:17:23 UTC",
+        "device": describe()["device"],
+        "code": "0123456789abcdef",
+    }
+    assert sorted(plan["rates"]) == ["bert-s3", "bert-s4", "roberta-s3", "roberta-s4"]
+    assert plan["rates"]["bert-s4"] == {"together": 1e12, "alone": 2e12}  # bert-s1's there
+    assert plan["startup_s"] == pytest.approx(13.0 + 5.0 + 7.0)  # the slowest job's setup, validation and compile there
+    # the largest budget for this slot's window at those rates: the plan's own arithmetic, not calibration's
+    rates = {job: Rate(r["together"], r["alone"]) for job, r in plan["rates"].items()}
+    again = largest_budget(rates, plan["window_s"], plan["startup_s"], plan["finish_s"], plan["safety"])
+    assert trained["budget"] == plan["budget_flops"] == again.budget_flops > 1e14
+    assert json.loads((tmp_path / "w" / "slot" / "plan.json").read_text())["budget_flops"] == plan["budget_flops"]
+    md = (tmp_path / "w" / "slot" / "report" / "slot.md").read_text()
+    assert "Planned from the throughput measured in the calibration of slot-electra.json: a pretraining window" in md
+    assert (
+        "Measured in the calibration of slot-electra.json (started 2026-11-28 19:17:23 UTC, code 0123456789abcdef)"
+        in md
+    )
+    assert "| roberta-s4 | 2.00 | 4.00 |" in md
+    assert earlier.read_bytes() == before
+
+    def refused(record: dict, says: str, **changes) -> None:
+        path = tmp_path / f"other-{len(list(tmp_path.glob('other-*')))}.json"
+        path.write_text(json.dumps(record))
+        work = tmp_path / f"w-{path.stem}"
+        with pytest.raises(ConfigError) as e:
+            run_slot(replace(args, work=work, out=tmp_path / f"out-{path.stem}", rates_from=path, **changes))
+        assert says in str(e.value) and "leave out --rates-from" in str(e.value)
+        assert not list(work.rglob("slot*.json")) and not list((tmp_path / f"out-{path.stem}").iterdir())
+
+    refused(
+        {**_calibrated({**study, "lr": 5e-4}, [0, 1], describe(), jobs)},
+        "its pretraining runs are not this slot's (lr: 0.0005 against 0.002)",
+    )
+    gpu = {**describe(), "device": "NVIDIA H200 (143771 MiB)", "gpus": 1}
+    refused(_calibrated(study, [0, 1], gpu, jobs), "measured on NVIDIA H200 (143771 MiB), and this slot runs on cpu")
+    refused(
+        _calibrated(study, [0], describe(), {"roberta": 2.0, "bert": 1.0}),
+        "it trained 1 pretraining seed(s) at once and this slot trains 2",
+    )
+    given = _calibrated(study, [0, 1], describe(), jobs)
+    given["plan"] = {"budget_flops": 2e15, "source": "given (--budget-flops)"}
+    refused(given, "that slot did not calibrate (its budget: given (--budget-flops))")
+    assert "--rates-from plans a budget" in _refusal(
+        replace(args, work=tmp_path / "w2", out=tmp_path / "out2", budget_flops=1e12)
+    )
+
+
+def test_the_published_question_slots_calibration_plans_the_preset_as_shipped(tmp_path):
+    """docs/slot.md's ``--rates-from`` command: the ELECTRA question slot's published calibration is
+    that of ``+ablation=electra_vs_mlm`` as shipped (on a device of its name), so the command is not
+    refused; a change to the preset's pretraining makes it refused, and the docs must say so."""
+    from pretrainlab.slot.run import compose_study, rates_from
+
+    published = ROOT / "docs" / "results" / "gpu-electra-vs-mlm" / "slot-electra-vs-mlm-s0-1-2.json"
+    assert (
+        "--rates-from docs/results/gpu-electra-vs-mlm/slot-electra-vs-mlm-s0-1-2.json"
+        in (ROOT / "docs" / "slot.md").read_text()
+    )
+    device = json.loads(published.read_text())["device"]
+    cfg = compose_study(tmp_path, None, tmp_path, ["+ablation=electra_vs_mlm"])
+    earlier = rates_from(published, cfg, [0, 1, 2], device)
+    assert sorted(earlier["measured"]) == sorted(f"{arm}-s{s}" for arm in ("mlm", "electra") for s in (0, 1, 2))
+    assert earlier["mps"] and earlier["evaluation_s"] > 0
+    from pretrainlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match="not this slot's .*generator_scale: 0.5 against 0.25"):
+        rates_from(
+            published,
+            compose_study(tmp_path, None, tmp_path, ["+ablation=electra_vs_mlm", "generator_scale=0.25"]),
+            [0, 1, 2],
+            device,
+        )
+
+
+def _refusal(args) -> str:
+    from pretrainlab.config import ConfigError
+    from pretrainlab.slot.run import run_slot
+
+    with pytest.raises(ConfigError) as e:
+        run_slot(args)
+    return str(e.value)
+
+
 def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_there(packed, tmp_path, monkeypatch):
     """A slot stopped in its evaluation and continued: the finished record keeps the first start's
     (phases, error, wall-clock), the runs pretrained there are reported as they ran there (not at a

@@ -108,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         help="pretrain every objective to this; no calibration",
     )
     budget.add_argument("--plan-from", type=Path, help="the budget of an earlier slot's results archive")
+    budget.add_argument(
+        "--rates-from",
+        type=Path,
+        help="plan the largest budget for this slot's time from the throughput an earlier slot of the same runs "
+        "measured on a device of the same name (its archive or slot.json); no calibration",
+    )
     run.add_argument("--wheels", type=Path, help="(experiments/slot.py) where missing packages were installed from")
     run.add_argument("overrides", nargs="*", help="conf/ablate_slot.yaml overrides, e.g. model_size=tiny")
 
@@ -197,6 +203,7 @@ def _command(args: argparse.Namespace) -> int:
                 minutes=args.minutes,
                 budget_flops=args.budget_flops,
                 plan_from=args.plan_from,
+                rates_from=args.rates_from,
                 overrides=list(args.overrides),
                 started_at=started,
                 installed=installed,

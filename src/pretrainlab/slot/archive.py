@@ -127,11 +127,10 @@ def _identity(record: dict) -> dict[str, Any]:
     }
 
 
-def _differences(a: Any, b: Any, key: str = "") -> list[str]:
+def differences(a: Any, b: Any, key: str = "") -> list[str]:
+    """Where two records differ, key by key (`lr: 0.002 against 0.0005`)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [
-            d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{key}.{k}" if key else k)
-        ]
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{key}.{k}" if key else k)]
     return [] if a == b else [f"{key or 'value'}: {a!r} against {b!r}"]
 
 
@@ -165,7 +164,7 @@ def merge(archives: list[str | Path], out: str | Path) -> dict:
             mine = _identity(record)
             for key, what in SAME.items():
                 if mine[key] != first[key]:
-                    detail = "; ".join(_differences(first[key], mine[key])[:4])
+                    detail = "; ".join(differences(first[key], mine[key])[:4])
                     raise MergeError(
                         f"{path} is a slot of another experiment than {paths[0]}: {what} ({detail}). Slots merge "
                         f"only when they ran the same study, on the same inputs, with the same code and budget; "
@@ -288,4 +287,4 @@ def slots_markdown(paths: list[Path], records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MergeError", "merge", "write_archive"]
+__all__ = ["MergeError", "differences", "merge", "write_archive"]

@@ -28,6 +28,16 @@ def _util(u: dict | None) -> str:
     return "–" if not u else f"{u['gpu_util_pct']:.0f}% ({u['memory_mib'] / 1024:.1f} GiB)"
 
 
+def _calibration_of(plan: dict) -> str:
+    """Whose calibration measured a plan's throughput: this slot's, or an earlier slot's (``--rates-from``)."""
+    there = plan.get("measured_in") or {}
+    if not there:
+        return "this slot's calibration"
+    return (
+        f"the calibration of {there.get('from')} (started {there.get('started', '?')}, code {there.get('code', '?')})"
+    )
+
+
 def slot_markdown(record: dict) -> str:
     device = record.get("device") or {}
     code = record.get("code") or {}
@@ -83,8 +93,10 @@ def slot_markdown(record: dict) -> str:
     if plan:
         lines += ["", "## Budget", "", f"**{plan['budget_flops']:.3g} FLOPs per objective**, {plan.get('source')}."]
         if plan.get("window_s") is not None:
+            where = (plan.get("measured_in") or {}).get("from")
+            measured = f"in the calibration of {where}" if where else "at the start"
             lines.append(
-                f"Planned from the throughput measured at the start: a pretraining window of {plan['window_s']:.0f} s, "
+                f"Planned from the throughput measured {measured}: a pretraining window of {plan['window_s']:.0f} s, "
                 f"each run starting {plan['startup_s']:.0f} s into it and ending {plan['finish_s']:.0f} s after its last "
                 f"step, the last one planned to end by {plan.get('safety', 1):.0%} of the window."
             )
@@ -117,7 +129,7 @@ def slot_markdown(record: dict) -> str:
             "",
             "## The jobs at once against one after another",
             "",
-            f"Measured in this slot's calibration: {speed['jobs']} pretraining jobs on the device at once, then each "
+            f"Measured in {_calibration_of(plan)}: {speed['jobs']} pretraining jobs on the device at once, then each "
             f"alone; one after another is each job alone for its share of the budget, summed.",
             "",
             "| | tokens/s | TFLOP/s | GPU utilisation |",

@@ -3,7 +3,8 @@
     unpack      the inputs archive, every file checked against its digest
     calibrate   every objective's pretraining started at once, timed together and alone (``calibrate``)
     plan        the time left, less what evaluation and the report keep, turned into one FLOP budget
-                for every objective (``plan``); or the budget given (``--budget-flops``, ``--plan-from``)
+                for every objective (``plan``); or the budget given (``--budget-flops``, ``--plan-from``),
+                or planned from an earlier slot's calibration of the same runs (``--rates-from``)
     study       ``studies.ablation.run_study`` at that budget: every pretraining run at once, every
                 encoder's evaluation suite at once, the report
     account     ``report/slot.json`` and ``slot.md``: the plan against what happened, phase by phase,
@@ -43,7 +44,7 @@ from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import typed_command
 from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.runtime.signals import TimeUp, deadline
-from pretrainlab.slot.archive import write_archive
+from pretrainlab.slot.archive import differences, write_archive
 from pretrainlab.slot.calibrate import plan_rates, throughput
 from pretrainlab.slot.code import code_version
 from pretrainlab.slot.device import Utilisation, describe
@@ -71,6 +72,21 @@ HOW = (
     "mps",
     "slot",
 )
+# study settings that decide what the evaluations and the report do, not what a pretraining job computes:
+# another slot's throughput is this slot's when all the other settings are the same (``--rates-from``)
+NOT_PRETRAINING = (
+    "study",
+    "about",
+    "suite",
+    "glue",
+    "evals",
+    "baseline",
+    "scratch",
+    "intrinsic",
+    "launcher",
+    "detach",
+    "slurm",
+)
 
 
 @dataclass
@@ -82,6 +98,7 @@ class SlotArgs:
     minutes: float | None = None
     budget_flops: float | None = None
     plan_from: Path | None = None
+    rates_from: Path | None = None  # an earlier slot (archive or slot.json) whose calibration this slot plans from
     overrides: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     installed: dict = field(default_factory=dict)
@@ -175,17 +192,28 @@ def settings(cfg: DictConfig) -> dict:
     return {k: v for k, v in container.items() if k not in HOW}
 
 
-def _budget_of(archive: Path) -> float:
+def slot_record(path: Path, option: str) -> dict:
+    """The record (``report/slot.json``) of an earlier slot: in its results archive, or the file itself
+    (a published report's ``slot.json`` or ``slot-<archive>.json``); refused naming ``option``."""
     import tarfile
 
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            member = next((m for m in tar.getmembers() if m.name.endswith("/report/slot.json")), None)
-            f = tar.extractfile(member) if member is not None else None
-            record = json.loads(f.read()) if f is not None else None
+        if path.suffix == ".json":
+            record = json.loads(path.read_text())
+        else:
+            with tarfile.open(path, "r:gz") as tar:
+                member = next((m for m in tar.getmembers() if m.name.endswith("/report/slot.json")), None)
+                f = tar.extractfile(member) if member is not None else None
+                record = json.loads(f.read()) if f is not None else None
     except (tarfile.TarError, OSError, ValueError) as e:
-        raise ConfigError(f"--plan-from {archive}: cannot be read as a slot's results archive ({e}).") from None
-    budget = ((record if isinstance(record, dict) else {}).get("plan") or {}).get("budget_flops")
+        raise ConfigError(f"{option} {path}: cannot be read as a slot's results archive or slot.json ({e}).") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{option} {path}: it holds no slot's record (report/slot.json): give a slot's archive.")
+    return record
+
+
+def _budget_of(archive: Path) -> float:
+    budget = (slot_record(archive, "--plan-from").get("plan") or {}).get("budget_flops")
     if not budget:
         raise ConfigError(f"--plan-from {archive}: it records no FLOP budget (did that slot fail before planning?).")
     try:
@@ -198,6 +226,58 @@ def _budget_of(archive: Path) -> float:
             f"above 0: the archive was edited or damaged. Give another slot's archive, or --budget-flops."
         )
     return value
+
+
+def rates_from(path: Path, cfg: DictConfig, seeds: list[int], device: dict) -> dict:
+    """The calibration of the earlier slot at ``path`` as this slot's: every job's measurement, named as
+    this slot's jobs (an arm's run of the i-th seed there is its run of the i-th seed here), with where it
+    was measured. Refused unless that slot calibrated the same pretraining runs, as many at once, on a
+    device of the same name: its throughput is then what this slot's calibration would measure."""
+    record = slot_record(path, "--rates-from")
+    measured = (record.get("plan") or {}).get("measured")
+    fix = "calibrate in this slot (leave out --rates-from), or give the archive of a slot that calibrated these runs"
+    if not isinstance(measured, dict) or not measured:
+        source = (record.get("plan") or {}).get("source") or "no plan"
+        raise ConfigError(f"--rates-from {path}: that slot did not calibrate (its budget: {source}): {fix}.")
+    there, here = (record.get("device") or {}), device
+    if (there.get("device"), there.get("gpus")) != (here.get("device"), here.get("gpus")):
+        raise ConfigError(
+            f"--rates-from {path}: its throughput was measured on {there.get('device', '?')}, and this slot runs on "
+            f"{here.get('device', '?')}: {fix}."
+        )
+    mine = {k: v for k, v in settings(cfg).items() if k not in NOT_PRETRAINING}
+    theirs = {k: v for k, v in (record.get("settings") or {}).items() if k not in NOT_PRETRAINING}
+    differ = differences(theirs, mine)
+    if differ:
+        raise ConfigError(
+            f"--rates-from {path}: its pretraining runs are not this slot's ({'; '.join(differ[:4])}): {fix}."
+        )
+    their_seeds = [int(s) for s in record.get("seeds") or []]
+    if len(their_seeds) != len(seeds):
+        raise ConfigError(
+            f"--rates-from {path}: it trained {len(their_seeds)} pretraining seed(s) at once and this slot trains "
+            f"{len(seeds)}, so its runs shared the device with another number of runs: {fix}."
+        )
+    arms = list(study_arms(cfg))
+    out = {}
+    for arm in arms:
+        for i, seed in enumerate(seeds):
+            theirs_job = calibration_job(arm, their_seeds[i], their_seeds)
+            if theirs_job not in measured:
+                raise ConfigError(f"--rates-from {path}: its calibration has no job {theirs_job}: {fix}.")
+            out[calibration_job(arm, seed, seeds)] = {**measured[theirs_job], "job": calibration_job(arm, seed, seeds)}
+    return {
+        "measured": out,
+        "throughput": (record.get("plan") or {}).get("throughput"),
+        "mps": bool((record.get("mps") or {}).get("running")),
+        "evaluation_s": ((record.get("phases") or {}).get("evaluation") or {}).get("seconds"),
+        "slot": {
+            "from": path.name,
+            "started": record.get("started"),
+            "device": there.get("device"),
+            "code": (record.get("code") or {}).get("digest"),
+        },
+    }
 
 
 def calibration_job(arm: str, seed: int, seeds: list[int]) -> str:
@@ -253,11 +333,18 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     windows = Windows(exchange, names, float(c.together_s), float(c.alone_s), alone=set(first.values()))
     run_parallel(work, len(work), " ".join(sys.argv), tick=windows)
     measured = alone_as_first(read_rates(exchange, list(first)), first)
-    rates = plan_rates(measured)
     timeline.mark("plan")
+    startup = max(m["setup_s"] for m in measured.values()) + float(cfg.slot.startup_s)
+    return {**plan_budget(cfg, measured, deadline, startup), "source": "calibrated", "windows": windows.written}
+
+
+def plan_budget(cfg: DictConfig, measured: dict[str, dict], deadline: float, startup: float) -> dict:
+    """The largest equal budget for the study's runs in the time left before ``deadline`` (less what
+    evaluation and the report keep), from each job's measured throughput (``plan``), each run starting
+    ``startup`` seconds into the pretraining phase; refused when no budget fits."""
+    rates = plan_rates(measured)
     reserve = cfg.slot.reserve_s
     window = deadline - time.time() - float(reserve.evaluation) - float(reserve.report)
-    startup = max(m["setup_s"] for m in measured.values()) + float(cfg.slot.startup_s)
     try:
         plan = largest_budget(rates, window, startup, float(cfg.slot.finish_s), float(cfg.slot.safety))
     except ValueError as e:
@@ -277,7 +364,6 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
     )
     return {
         "budget_flops": plan.budget_flops,
-        "source": "calibrated",
         "window_s": round(window, 1),
         "startup_s": round(startup, 1),
         "finish_s": float(cfg.slot.finish_s),
@@ -286,7 +372,29 @@ def calibrate(cfg: DictConfig, study: Path, deadline: float, timeline: Timeline)
         "rates": {k: {"together": r.together, "alone": r.alone} for k, r in rates.items()},
         "measured": measured,
         "throughput": speed,
-        "windows": windows.written,
+    }
+
+
+def plan_from_rates(cfg: DictConfig, earlier: dict, deadline: float, timeline: Timeline) -> dict:
+    """The budget planned from an earlier slot's calibration (``rates_from``), without one here: every run
+    then compiles in the pretraining phase with cold caches, so each starts after what a calibration job
+    took to get warm there (its setup, validation step, compile and warm-up steps)."""
+    timeline.mark("plan")
+    measured = earlier["measured"]
+    startup = max(m["setup_s"] + m.get("sanity_s", 0.0) + m.get("warm_after_s", 0.0) for m in measured.values())
+    kept = float(cfg.slot.reserve_s.evaluation)
+    if earlier.get("evaluation_s") is not None:
+        log.info(
+            "plan: the slot the rates come from evaluated in %.0f s; this one keeps %.0f s for it (slot.reserve_s.evaluation)",
+            earlier["evaluation_s"],
+            kept,
+        )
+    plan = plan_budget(cfg, measured, deadline, startup)
+    source = earlier["slot"]
+    return {
+        **plan,
+        "source": f"planned from the throughput measured in the calibration of {source['from']} (--rates-from)",
+        "measured_in": source,
     }
 
 
@@ -462,6 +570,17 @@ def run_slot(a: SlotArgs) -> Path:
         if archive.exists():
             raise ConfigError(f"{archive} exists: give another --out (a slot's archive is never replaced).")
         planned_from = _budget_of(a.plan_from) if a.plan_from is not None else None
+        if a.rates_from is not None and (a.plan_from is not None or a.budget_flops is not None):
+            raise ConfigError("--rates-from plans a budget: give it without --budget-flops and --plan-from.")
+        earlier_rates = rates_from(a.rates_from, cfg, seeds, record["device"]) if a.rates_from is not None else None
+        if earlier_rates is not None and earlier_rates["slot"]["code"] != record["code"].get("digest"):
+            log.warning(
+                "--rates-from %s: its throughput was measured with other code (%s; this is %s): if the pretraining "
+                "step has changed since, the runs may train faster or slower than planned",
+                a.rates_from,
+                earlier_rates["slot"]["code"],
+                record["code"].get("digest"),
+            )
         plan_file = study_dir / "plan.json"
         try:
             kept = json.loads(plan_file.read_text()) if plan_file.is_file() else None
@@ -509,6 +628,14 @@ def run_slot(a: SlotArgs) -> Path:
             plan = {"budget_flops": float(a.budget_flops), "source": "given (--budget-flops)"}
         elif a.plan_from is not None:
             plan = {"budget_flops": planned_from, "source": f"from {a.plan_from.name} (--plan-from)"}
+        elif earlier_rates is not None:
+            if earlier_rates["mps"] != daemon.running:
+                raise ConfigError(
+                    f"--rates-from {a.rates_from}: its runs were measured with MPS {'running' if earlier_rates['mps'] else 'not running'}, "
+                    f"and here MPS is {daemon.status}: their throughput is not this slot's. Calibrate in this slot "
+                    f"(leave out --rates-from)."
+                )
+            plan = plan_from_rates(cfg, earlier_rates, deadline, timeline)
         else:
             study_dir.mkdir(parents=True, exist_ok=True)
             plan = calibrate(cfg, study_dir, deadline, timeline)
