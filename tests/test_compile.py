@@ -109,7 +109,13 @@ def test_a_compiled_training_run_gives_the_eager_losses(tmp_path, monkeypatch):
         return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}, rows
 
     run(compose_train(*overrides), tmp_path / "eager")
-    monkeypatch.setattr("pretrainlab.runtime.settings.compile_options", lambda cfg: {"backend": "aot_eager"})
+    graphs = []
+
+    def aot_eager(gm, example_inputs):  # inductor's tracing without its C++ build, counting every graph
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    monkeypatch.setattr("pretrainlab.runtime.settings.compile_options", lambda cfg: {"backend": aot_eager})
     torch._dynamo.reset()
     run(compose_train(*overrides, "compile=true"), tmp_path / "compiled")
     eager, _ = losses(tmp_path / "eager")
@@ -118,3 +124,7 @@ def test_a_compiled_training_run_gives_the_eager_losses(tmp_path, monkeypatch):
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-4), (step, compiled[step], eager[step])
     assert any(r.get("perf/compile_warmup_s") for r in rows)
+    # one compile, the training step's: validation runs eager (compiled, its no-grad graph was a second
+    # compile at every run's start, for a few batches now and then)
+    assert len(graphs) == 1, [g.code[:200] for g in graphs]
+    assert [r["val/loss"] for r in rows if r.get("val/loss")]

@@ -301,7 +301,9 @@ class PretrainModule(L.LightningModule):
 
     # --- validation -------------------------------------------------------------------------------
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        out = self.forward_loss(batch)
+        # eager, also in a compiled run: compiled, validation (no gradients, eval mode) is a graph and a
+        # compile of its own, tens of seconds at every run's start for a few batches now and then
+        out = self.objective_loss(batch)
         bs = batch["input_ids"].shape[0]
         self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=bs)
         for name, value in out.metrics.items():
