@@ -45,6 +45,38 @@ def test_the_fusable_objectives_are_those_that_name_one_encoder_call_on_one_shap
     assert bench_slot.groups(["albert", "roberta"], "albert_base") == ([], ["albert", "roberta"])
 
 
+def test_a_question_slots_runs_are_copies_of_each_objective_and_fuse_by_objective():
+    """``--copies 3`` times a question slot's runs (each arm's three pretraining seeds, seeded apart);
+    ``--fuse objective`` trains each fusable objective's copies as one model (one masking, one head, one
+    attention pattern), where ``shape`` fuses every run of one encoder shape whatever its objective."""
+    runs = bench_slot.copies_of(["roberta", "clm", "electra"], 3)
+    assert list(runs)[:3] == ["roberta-s0", "roberta-s1", "roberta-s2"] and runs["electra-s2"] == ("electra", 2)
+    assert bench_slot.copies_of(["roberta"], 1) == {"roberta": ("roberta", 0)}
+    by_objective = bench_slot.fused_groups(runs, "tiny", None, "objective")
+    assert by_objective == [["roberta-s0", "roberta-s1", "roberta-s2"], ["clm-s0", "clm-s1", "clm-s2"]]
+    by_shape = bench_slot.fused_groups(runs, "tiny", None, "shape")
+    assert by_shape == [["roberta-s0", "roberta-s1", "roberta-s2", "clm-s0", "clm-s1", "clm-s2"]]
+    assert bench_slot.fused_groups(bench_slot.copies_of(["roberta", "electra"], 1), "tiny", None, "objective") == []
+    workers, configs = bench_slot.plan(runs, by_objective, ["today", "mps+fused+graphs"], 256, 2)
+    today, fused = configs
+    assert sorted(today.members) == sorted(runs) and not today.mps
+    assert fused.mps and fused.members == {
+        "fused-roberta": "fused-graphs",
+        "fused-clm": "fused-graphs",
+        **{f"electra-s{k}": "graphs" for k in range(3)},
+    }
+    assert workers["fused-roberta"]["seeds"] == [0, 1, 2] and workers["fused-roberta"]["objectives"] == ["roberta"] * 3
+    assert workers["electra-s1"] == {
+        "objectives": ["electra"],
+        "seeds": [1],
+        "fused": False,
+        "variants": {
+            "default": {"batch": 256, "mode": "default", "static": False},
+            "graphs": workers["electra-s1"]["variants"]["graphs"],
+        },
+    }
+
+
 def test_the_bench_refuses_what_it_cannot_time_and_folders_it_did_not_make(tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()

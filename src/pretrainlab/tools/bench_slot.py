@@ -179,9 +179,10 @@ class Trainer:
         self.device = torch.device(spec["device"])
         self.bf16 = spec["precision"] == "bf16"
         self.fused = spec["fused"]
+        seeds = spec.get("seeds") or list(range(len(spec["objectives"])))
         runs = [
-            build_run(name, spec["model"], spec["vocab"], seed=i, overrides=spec.get("overrides"))
-            for i, name in enumerate(spec["objectives"])
+            build_run(name, spec["model"], spec["vocab"], seed=seed, overrides=spec.get("overrides"))
+            for name, seed in zip(spec["objectives"], seeds, strict=True)
         ]
         seq = spec["seq_len"]
         self.flops_per_token = [o.mean_flops_per_token(e.config, seq) for _, e, o in runs]
@@ -350,26 +351,68 @@ class Config:
     mps: bool
 
 
+def _fusable_shape(name: str, model: str, overrides: list[str] | None) -> str | None:
+    """The encoder config of ``name``'s run if it can be fused (its objective names its one encoder
+    call, ``Objective.encoder_call``, and its layers are not one set of weights), else None."""
+    _, encoder, objective = build_run(name, model, 512, 0, overrides)
+    batch = make_batches(objective, 1, 2, 32, True, 512, seed=0)[0]
+    if objective.encoder_call(batch) is None or encoder.config.share_layers:
+        return None
+    return json.dumps(encoder.config.to_dict(), sort_keys=True)
+
+
 def groups(objectives: list[str], model: str, overrides: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(fused, others): the largest set of objectives whose runs can train as one batched model (they
-    name their encoder call, ``Objective.encoder_call``, and share one encoder config), and the rest."""
+    name their encoder call and share one encoder config), and the rest."""
     by_shape: dict[str, list[str]] = {}
     for name in objectives:
-        _, encoder, objective = build_run(name, model, 512, 0, overrides)
-        batch = make_batches(objective, 1, 2, 32, True, 512, seed=0)[0]
-        if objective.encoder_call(batch) is not None and not encoder.config.share_layers:
-            by_shape.setdefault(json.dumps(encoder.config.to_dict(), sort_keys=True), []).append(name)
+        shape = _fusable_shape(name, model, overrides)
+        if shape is not None:
+            by_shape.setdefault(shape, []).append(name)
     fused = max(by_shape.values(), key=len, default=[])
     if len(fused) < 2:
         fused = []
     return fused, [o for o in objectives if o not in fused]
 
 
+def copies_of(objectives: list[str], copies: int) -> dict[str, tuple[str, int]]:
+    """The runs timed: each objective's ``copies`` (a question slot's pretraining seeds), as
+    run name -> (objective, seed); a run is named by its objective alone when there is one copy."""
+    return {(o if copies == 1 else f"{o}-s{k}"): (o, k) for o in objectives for k in range(copies)}
+
+
+def fused_groups(runs: dict[str, tuple[str, int]], model: str, overrides: list[str] | None, by: str) -> list[list[str]]:
+    """The groups of runs the ``fused`` levers train as one batched model each: ``by="shape"``, the runs
+    of the largest set of objectives of one encoder shape (``groups``: objectives of every kind side by
+    side); ``by="objective"``, each fusable objective's copies (every run of a group the same objective:
+    one masking, one head, one attention pattern; only the seed differs)."""
+    objectives = list(dict.fromkeys(o for o, _ in runs.values()))
+    if by == "shape":
+        fusable, _ = groups(objectives, model, overrides)
+        found = [[r for r, (o, _) in runs.items() if o in fusable]]
+    elif by == "objective":
+        found = [
+            [r for r, (o, _) in runs.items() if o == objective]
+            for objective in objectives
+            if _fusable_shape(objective, model, overrides) is not None
+        ]
+    else:
+        raise ValueError(f"fuse by {by!r}: shape or objective")
+    return [g for g in found if len(g) > 1]
+
+
 def plan(
-    objectives: list[str], fused: list[str], levers: list[str], batch: int, factor: int, static: bool = False
+    runs: dict[str, tuple[str, int]],
+    fused: list[list[str]],
+    levers: list[str],
+    batch: int,
+    factor: int,
+    static: bool = False,
 ) -> tuple[dict, list[Config]]:
-    """The workers (name -> spec fields) and the configurations to time; ``static``: compiled without
-    CUDA graphs at static shapes too (``static_shapes=true``), else with shapes that vary (the default)."""
+    """The workers (name -> spec fields) and the configurations to time; ``runs``: run name ->
+    (objective, seed); ``fused``: the groups of runs the fused levers train as one model each;
+    ``static``: compiled without CUDA graphs at static shapes too (``static_shapes=true``), else with
+    shapes that vary (the default)."""
     v = {
         "default": {"batch": batch, "mode": "default", "static": static},
         "graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
@@ -378,10 +421,21 @@ def plan(
         "fused": {"batch": batch, "mode": "default", "static": True},
         "fused-graphs": {"batch": batch, "mode": "reduce-overhead", "static": True},
     }
-    workers: dict[str, dict] = {o: {"objectives": [o], "fused": False, "variants": {}} for o in objectives}
-    if fused:
-        workers["fused"] = {"objectives": list(fused), "fused": True, "variants": {}}
-    others = [o for o in objectives if o not in fused]
+    workers: dict[str, dict] = {
+        r: {"objectives": [o], "seeds": [k], "fused": False, "variants": {}} for r, (o, k) in runs.items()
+    }
+    names = {}  # fused worker -> its group
+    for g in fused:
+        name = "fused" if len(fused) == 1 else f"fused-{runs[g[0]][0]}"
+        names[name] = g
+        workers[name] = {
+            "objectives": [runs[r][0] for r in g],
+            "seeds": [runs[r][1] for r in g],
+            "fused": True,
+            "variants": {},
+        }
+    grouped = {r for g in fused for r in g}
+    others = [r for r in runs if r not in grouped]
     configs = []
     for lever in levers:
         parts = set(lever.split("+"))
@@ -390,12 +444,12 @@ def plan(
         if "fused" in parts:
             if not fused:
                 continue
-            members["fused"] = "fused-graphs" if graphs else "fused"
-            members |= {o: "graphs" if graphs else "default" for o in others}
+            members = {w: "fused-graphs" if graphs else "fused" for w in names}
+            members |= {r: "graphs" if graphs else "default" for r in others}
         elif "batch" in parts:
-            members = {o: "batch-graphs" if graphs else "batch" for o in objectives}
+            members = {r: "batch-graphs" if graphs else "batch" for r in runs}
         else:
-            members = {o: "graphs" if graphs else "default" for o in objectives}
+            members = {r: "graphs" if graphs else "default" for r in runs}
         for w, variant in members.items():
             workers[w]["variants"][variant] = v[variant]
         configs.append(Config(lever, members, "mps" in parts))
@@ -583,6 +637,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
     parser.add_argument("--model", default="mini")
     parser.add_argument("--objectives", default="all", help="comma-separated, or all (every conf/objective/ option)")
+    parser.add_argument(
+        "--copies", type=int, default=1, help="runs of each objective (a question slot's pretraining seeds: 3)"
+    )
+    parser.add_argument(
+        "--fuse",
+        choices=("shape", "objective"),
+        default="shape",
+        help="the fused levers' groups: the runs of one encoder shape (shape), or each objective's copies (objective)",
+    )
     parser.add_argument("--batch", type=int, default=None, help="sequences per step; default the slot's (256)")
     parser.add_argument("--batch-factor", type=int, default=2, help="the batch lever's multiple of --batch")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -634,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown_objectives or not objectives:
         parser.error(f"--objectives {args.objectives}: choose among {', '.join(known)} (comma-separated), or all")
     for name, value in (("--batch", args.batch), ("--batch-factor", args.batch_factor), ("--seq-len", args.seq_len),
-                        ("--vocab", args.vocab), ("--warmup-steps", args.warmup_steps)):  # fmt: skip
+                        ("--vocab", args.vocab), ("--warmup-steps", args.warmup_steps), ("--copies", args.copies)):  # fmt: skip
         if value is not None and value < 1:
             parser.error(f"{name} {value}: give a whole number of 1 or more")
     for name, value in (("--window-s", args.window_s), ("--warm-timeout-s", args.warm_timeout_s)):
@@ -658,11 +721,14 @@ def main(argv: list[str] | None = None) -> int:
         dropped = [lever for lever in levers if "graphs" in lever or "mps" in lever]
         log.warning("%s: CUDA graphs and MPS need a CUDA device; not timed on %s", ", ".join(dropped), device)
         levers = [lever for lever in levers if lever not in dropped]
-    fused, others = groups(objectives, args.model, args.override)
+    runs = copies_of(objectives, args.copies)
+    fused = fused_groups(runs, args.model, args.override, args.fuse)
+    grouped = {r for g in fused for r in g}
+    fused_text = "; ".join(", ".join(g) for g in fused) or "none"
     log.info(
-        "fusable (one encoder shape, one encoder call): %s; alone: %s", ", ".join(fused) or "none", ", ".join(others)
+        "fused groups (by %s): %s; alone: %s", args.fuse, fused_text, ", ".join(r for r in runs if r not in grouped)
     )
-    workers, configs = plan(objectives, fused, levers, batch, args.batch_factor, args.static_shapes)
+    workers, configs = plan(runs, fused, levers, batch, args.batch_factor, args.static_shapes)
     if args.eager:
         for spec in workers.values():
             for v in spec["variants"].values():
@@ -717,10 +783,10 @@ def main(argv: list[str] | None = None) -> int:
                     notes.append(f"MPS log: {mps_.daemon_log(work / 'mps', 5)}")
         rows = aggregate(configs, results, workers)
         about = (
-            f"{hardware}; model={args.model}, {len(objectives)} runs ({', '.join(objectives)}), batch {batch} x "
+            f"{hardware}; model={args.model}, {len(runs)} runs ({', '.join(runs)}), batch {batch} x "
             f"{args.seq_len} tokens, {precision}, {'eager' if args.eager else 'compiled'}"
-            f"{', static shapes' if args.static_shapes else ''}; fused group: "
-            f"{', '.join(fused) or 'none'}; each configuration timed for {args.window_s:.0f} s after "
+            f"{', static shapes' if args.static_shapes else ''}; fused group{'s' if len(fused) > 1 else ''}: "
+            f"{fused_text}; each configuration timed for {args.window_s:.0f} s after "
             f"{args.warmup_steps} warm-up steps per variant"
             + (f"; bf16 matrix-product peak {peak / 1e12:.0f} TFLOP/s (8192 x 8192, same call)" if peak else "")
             + f"; {'; '.join(notes)}; {time.time() - t0:.0f} s in all."
