@@ -653,6 +653,9 @@ def test_a_slot_plans_from_the_throughput_an_earlier_slot_of_the_same_runs_measu
     given = _calibrated(study, [0, 1], describe(), jobs)
     given["plan"] = {"budget_flops": 2e15, "source": "given (--budget-flops)"}
     refused(given, "that slot did not calibrate (its budget: given (--budget-flops))")
+    older = _calibrated(study, [0, 1], describe(), jobs)
+    del older["plan"]["measured"]["bert-s1"]["warm_after_s"]  # a calibration that did not time its compile
+    refused(older, "did not record how long bert-s1 took to start and compile")
     assert "--rates-from plans a budget" in _refusal(
         replace(args, work=tmp_path / "w2", out=tmp_path / "out2", budget_flops=1e12)
     )

@@ -258,6 +258,12 @@ def rates_from(path: Path, cfg: DictConfig, seeds: list[int], device: dict) -> d
             f"--rates-from {path}: it trained {len(their_seeds)} pretraining seed(s) at once and this slot trains "
             f"{len(seeds)}, so its runs shared the device with another number of runs: {fix}."
         )
+    untimed = sorted(j for j, m in measured.items() if not all(k in m for k in ("setup_s", "sanity_s", "warm_after_s")))
+    if untimed:
+        raise ConfigError(
+            f"--rates-from {path}: its calibration did not record how long {', '.join(untimed)} took to start and "
+            f"compile (setup_s, sanity_s, warm_after_s), which this slot's plan needs: {fix}."
+        )
     arms = list(study_arms(cfg))
     out = {}
     for arm in arms:
@@ -381,7 +387,7 @@ def plan_from_rates(cfg: DictConfig, earlier: dict, deadline: float, timeline: T
     took to get warm there (its setup, validation step, compile and warm-up steps)."""
     timeline.mark("plan")
     measured = earlier["measured"]
-    startup = max(m["setup_s"] + m.get("sanity_s", 0.0) + m.get("warm_after_s", 0.0) for m in measured.values())
+    startup = max(m["setup_s"] + m["sanity_s"] + m["warm_after_s"] for m in measured.values())
     kept = float(cfg.slot.reserve_s.evaluation)
     if earlier.get("evaluation_s") is not None:
         log.info(
