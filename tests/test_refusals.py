@@ -42,6 +42,15 @@ def _no_work(monkeypatch):
             ["objective=roberta", "objective.mask_rate_start=0.005"],
             r"objective.mask_rate_start=0.005 \(objective=roberta\) leaves 0.31",
         ),
+        (  # 2e5 for 2e15: a run of one step, whose results would say nothing
+            ["objective=roberta", "budget.flops=2e5"],
+            r"budget.flops=2e\+05 is less than one optimizer step of this run \(at least .* FLOPs: 16 sequences x 64 "
+            r"tokens x .* FLOPs per token\): it would stop after its first step",
+        ),
+        (
+            ["objective=electra", "budget.tokens=100"],
+            r"budget.tokens=100 is less than one optimizer step .*16 sequences x 64 tokens\)",
+        ),
         (
             ["objective=clm", "+objective.mask_rate_start=0.3"],
             r"objective.mask_rate_start is not a setting of objective=clm .*belongs to albert, bert, clm_mlm, electra",

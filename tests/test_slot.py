@@ -697,6 +697,18 @@ def _refusal(args) -> str:
     return str(e.value)
 
 
+def test_a_slot_given_a_budget_smaller_than_a_step_is_refused_before_any_work(packed, tmp_path):
+    """``--budget-flops 2e5`` (for 2e15): every run would stop after one step and the slot would spend its
+    minutes evaluating encoders that learned nothing; refused with the fix, no record and no archive."""
+    from dataclasses import replace
+
+    _, inputs = packed
+    args = replace(_in_process(inputs, tmp_path / "out", tmp_path / "w"), budget_flops=2e5)
+    says = _refusal(args)
+    assert "budget.flops=2e+05 is less than one optimizer step of this run" in says and "--budget-flops" in says
+    assert list((tmp_path / "out").iterdir()) == [] and not list((tmp_path / "w").rglob("slot*.json"))
+
+
 def test_a_continued_slot_reports_its_earlier_starts_and_the_runs_as_they_ran_there(packed, tmp_path, monkeypatch):
     """A slot stopped in its evaluation and continued: the finished record keeps the first start's
     (phases, error, wall-clock), the runs pretrained there are reported as they ran there (not at a

@@ -79,7 +79,30 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, Devices]:
         objective = build_objective(cfg, encoder_config, placeholder)
     check_schedule(cfg, objective)
     check_targets(objective, int(cfg.max_seq_len))
+    check_budget_size(cfg, objective.mean_flops_per_token(encoder_config, int(cfg.max_seq_len)))
     return encoder_config, devices
+
+
+def check_budget_size(cfg: DictConfig, flops_per_token: float) -> None:
+    """Refuse a token or FLOP budget smaller than one optimizer step of the run (a typo, 2e5 for 2e15):
+    the run would stop after its first step and everything measured of it would say nothing.
+    ``flops_per_token``: the objective's on the provisional vocabulary, which is at most the real one,
+    so the step's cost here is a lower bound and no budget that trains a step is refused."""
+    chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None and k in ("tokens", "flops")}
+    if not chosen:
+        return
+    kind, total = next(iter(chosen.items()))
+    tokens = int(cfg.batch_size) * int(cfg.max_seq_len)
+    step = tokens * (flops_per_token if kind == "flops" else 1.0)
+    if float(total) < step:
+        how = f"{cfg.batch_size} sequences x {cfg.max_seq_len} tokens" + (
+            f" x {flops_per_token:.3g} FLOPs per token" if kind == "flops" else ""
+        )
+        raise ConfigError(
+            f"budget.{kind}={float(total):.4g} is less than one optimizer step of this run (at least {step:.3g} "
+            f"{'FLOPs' if kind == 'flops' else 'tokens'}: {how}): it would stop after its first step, and nothing measured of it would mean anything. "
+            f"Raise budget.{kind} (a study's or slot's budget_flops, --budget-flops), or set max_steps instead."
+        )
 
 
 def resume_command(run_dir: Path) -> str:

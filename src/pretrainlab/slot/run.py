@@ -599,7 +599,7 @@ def run_slot(a: SlotArgs) -> Path:
         # the study's own checks before any work, at the budget it will have (calibration's is not known yet)
         checked = cfg.copy()
         checked.budget_flops = float(
-            (kept or {}).get("budget_flops") or a.budget_flops or planned_from or 1.0  # 1.0: replaced by the plan
+            (kept or {}).get("budget_flops") or a.budget_flops or planned_from or math.inf  # to plan: any is larger
         )
         ablation.check_study(checked)
         runs = len(study_arms(cfg)) * len(seeds)

@@ -160,7 +160,7 @@ def measure(
         enable_checkpointing=False,
         enable_progress_bar=False,
         callbacks=[counting],
-        # one validation step before training, as a study's run has: its compile lands in the shared cache
+        # one validation step before training, as a study's run has (eager, in a compiled run too)
         limit_val_batches=1,
         num_sanity_val_steps=1,
         val_check_interval=steps,
