@@ -233,6 +233,27 @@ def test_a_slots_time_and_budget_are_checked_where_they_are_given(tmp_path, caps
     assert "--max-mib: 0: give the largest archive in MiB" in capsys.readouterr().err
 
 
+def test_a_slots_overrides_may_stand_between_its_options(capsys):
+    """``run ... +ablation=electra_vs_mlm --rates-from X slot.reserve_s.evaluation=100`` (as docs/slot.md
+    writes it) was refused as "unrecognized arguments": argparse takes one run of positionals only."""
+    from pretrainlab.slot.__main__ import parse
+
+    argv = ["run", "--inputs", "i.tar.xz", "--out", "o", "+ablation=electra_vs_mlm", "--rates-from", "r.json"]
+    args = parse([*argv, "slot.reserve_s.evaluation=100", "--minutes", "9.3", "lr=1e-3"])
+    assert args.overrides == ["+ablation=electra_vs_mlm", "slot.reserve_s.evaluation=100", "lr=1e-3"]
+    assert str(args.rates_from) == "r.json" and args.minutes == 9.3
+    for bad, says in (
+        (["--bogus", "3"], "unrecognized arguments: --bogus 3"),
+        (["stray"], "unrecognized arguments: stray"),
+    ):
+        with pytest.raises(SystemExit):
+            parse([*argv, *bad])
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # merge takes no overrides
+        parse(["merge", "a.tar.gz", "--out", "m", "lr=1e-3"])
+    assert "unrecognized arguments: lr=1e-3" in capsys.readouterr().err
+
+
 def test_the_entry_point_installs_nothing_when_nothing_is_missing_and_names_what_it_cannot_install(tmp_path):
     code = f"""
 import importlib.util, json, sys

@@ -165,9 +165,22 @@ def render(report: Path) -> None:
     log.info("rendered %s: slot.json, slot.md, cost.md", report)
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, its Hydra overrides wherever they stand: ``+ablation=nsp --minutes 6 lr=1e-3``
+    as well as all of them after the options (argparse alone takes one run of positionals)."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    args = _parser().parse_args(argv)
+    args = parse(argv)
     try:
         return _command(args)
     except (ConfigError, InputsError, MergeError) as e:  # refusals name their cause: no traceback to read
