@@ -274,7 +274,6 @@ def rates_from(path: Path, cfg: DictConfig, seeds: list[int], device: dict) -> d
             out[calibration_job(arm, seed, seeds)] = {**measured[theirs_job], "job": calibration_job(arm, seed, seeds)}
     return {
         "measured": out,
-        "throughput": (record.get("plan") or {}).get("throughput"),
         "mps": bool((record.get("mps") or {}).get("running")),
         "evaluation_s": ((record.get("phases") or {}).get("evaluation") or {}).get("seconds"),
         "slot": {
