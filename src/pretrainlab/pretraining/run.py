@@ -83,15 +83,22 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, Devices]:
     return encoder_config, devices
 
 
+def chosen_budget(cfg: DictConfig) -> tuple[str, float] | None:
+    """The one budget set in ``cfg.budget`` as (kind, total), or None (a run of ``max_steps``);
+    ``check_pretraining`` refuses more than one."""
+    chosen = [(k, v) for k, v in (cfg.get("budget") or {}).items() if v is not None]
+    return chosen[0] if chosen else None
+
+
 def check_budget_size(cfg: DictConfig, flops_per_token: float) -> None:
     """Refuse a token or FLOP budget smaller than one optimizer step of the run (a typo, 2e5 for 2e15):
     the run would stop after its first step and everything measured of it would say nothing.
     ``flops_per_token``: the objective's on the provisional vocabulary, which is at most the real one,
     so the step's cost here is a lower bound and no budget that trains a step is refused."""
-    chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None and k in ("tokens", "flops")}
-    if not chosen:
+    chosen = chosen_budget(cfg)
+    if chosen is None or chosen[0] not in ("tokens", "flops"):
         return
-    kind, total = next(iter(chosen.items()))
+    kind, total = chosen
     tokens = int(cfg.batch_size) * int(cfg.max_seq_len)
     step = tokens * (flops_per_token if kind == "flops" else 1.0)
     if float(total) < step:
@@ -100,8 +107,8 @@ def check_budget_size(cfg: DictConfig, flops_per_token: float) -> None:
         )
         raise ConfigError(
             f"budget.{kind}={float(total):.4g} is less than one optimizer step of this run (at least {step:.3g} "
-            f"{'FLOPs' if kind == 'flops' else 'tokens'}: {how}): it would stop after its first step, and nothing measured of it would mean anything. "
-            f"Raise budget.{kind} (a study's or slot's budget_flops, --budget-flops), or set max_steps instead."
+            f"{'FLOPs' if kind == 'flops' else 'tokens'}: {how}): it would stop after its first step, and nothing "
+            f"measured of it would mean anything. Raise budget.{kind} (a study's or slot's budget_flops, --budget-flops), or set max_steps instead."
         )
 
 
@@ -129,10 +136,10 @@ def build_budget(cfg: DictConfig, datamodule: PretrainDataModule, flops_per_toke
     """The one budget set in ``cfg.budget`` (tokens, flops or minutes; ``validate`` refuses more
     than one), else ``max_steps`` steps. ``flops_per_token``: the objective's, for the first step's
     estimate of a FLOPs budget."""
-    chosen = {k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}
-    if not chosen:
+    chosen = chosen_budget(cfg)
+    if chosen is None:
         return Budget("steps", cfg.max_steps)
-    kind, total = next(iter(chosen.items()))
+    kind, total = chosen
     store = datamodule.train_store
     tokens_per_example = store.num_tokens / len(store) if store is not None else cfg.max_seq_len
     tokens = cfg.batch_size * tokens_per_example

@@ -179,10 +179,9 @@ class Trainer:
         self.device = torch.device(spec["device"])
         self.bf16 = spec["precision"] == "bf16"
         self.fused = spec["fused"]
-        seeds = spec.get("seeds") or list(range(len(spec["objectives"])))
         runs = [
             build_run(name, spec["model"], spec["vocab"], seed=seed, overrides=spec.get("overrides"))
-            for name, seed in zip(spec["objectives"], seeds, strict=True)
+            for name, seed in zip(spec["objectives"], spec["seeds"], strict=True)
         ]
         seq = spec["seq_len"]
         self.flops_per_token = [o.mean_flops_per_token(e.config, seq) for _, e, o in runs]
