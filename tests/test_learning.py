@@ -85,7 +85,7 @@ def test_xlnet_permutation_lm_learns_far_above_the_unigram_baseline(shared_run):
 
 
 def test_causal_lm_learns_the_next_token_far_above_the_unigram_baseline(shared_run):
-    _, result = train(shared_run, "clm", 250)
+    _, result = train(shared_run, "clm", 150)
     baseline = unigram_baseline()
     at_next, unigram = result["learning/clm_acc_at_mask"], result["learning/clm_unigram_acc"]
     assert abs(unigram - baseline) < 0.03 and at_next > 2.5 * unigram, (at_next, unigram)
