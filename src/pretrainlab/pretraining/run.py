@@ -92,9 +92,10 @@ def chosen_budget(cfg: DictConfig) -> tuple[str, float] | None:
 
 def check_budget_size(cfg: DictConfig, flops_per_token: float) -> None:
     """Refuse a token or FLOP budget smaller than one optimizer step of the run (a typo, 2e5 for 2e15):
-    the run would stop after its first step and everything measured of it would say nothing.
-    ``flops_per_token``: the objective's on the provisional vocabulary, which is at most the real one,
-    so the step's cost here is a lower bound and no budget that trains a step is refused."""
+    the run would stop after its first step and everything measured of it would say nothing. The step is
+    ``batch_size`` full sequences of ``max_seq_len`` tokens (the data is not read yet: a budget within a
+    step or two of that is refused or not by how long the examples turn out, and means nothing either way);
+    ``flops_per_token``: the objective's on the provisional vocabulary, which is at most the real one."""
     chosen = chosen_budget(cfg)
     if chosen is None or chosen[0] not in ("tokens", "flops"):
         return

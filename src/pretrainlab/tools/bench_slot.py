@@ -423,10 +423,10 @@ def plan(
     workers: dict[str, dict] = {
         r: {"objectives": [o], "seeds": [k], "fused": False, "variants": {}} for r, (o, k) in runs.items()
     }
-    names = {}  # fused worker -> its group
+    names = []  # the fused workers
     for g in fused:
         name = "fused" if len(fused) == 1 else f"fused-{runs[g[0]][0]}"
-        names[name] = g
+        names.append(name)
         workers[name] = {
             "objectives": [runs[r][0] for r in g],
             "seeds": [runs[r][1] for r in g],
