@@ -264,3 +264,20 @@ def test_a_fused_group_on_the_gpu_trains_each_run_as_it_trains_alone():
         opt.step([2e-3] * len(names))
         opt.zero_grad()
     np.testing.assert_allclose(fused, alone, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fused_fine_tuning_seeds_on_the_gpu_are_the_seeds_alone(shared_run, tmp_path, precision):
+    """tests/test_fused.py's fine-tuning check on the GPU: each fused seed's losses (its own CUDA dropout
+    stream) and dev metrics are the seed alone's, in float32 (TF32 off) and in bf16."""
+    from tests.test_fused import SMALL_PRETRAIN, _losses, _suite
+
+    run_dir, _ = shared_run(*SMALL_PRETRAIN)
+    gpu = ["trainer.accelerator=gpu", f"trainer.precision={precision}", "compile=false", "tf32=false"]
+    alone = _suite(run_dir, tmp_path / "alone", False, ["sst2"], [0, 1, 2], *gpu)
+    fused = _suite(run_dir, tmp_path / "fused", True, ["sst2"], [0, 1, 2], *gpu)
+    tolerance = 1e-4 if precision == "32-true" else 2e-2
+    for key, a in alone.items():
+        assert fused[key]["fused_runs"] == 3
+        np.testing.assert_allclose(_losses(fused[key])[:, 1], _losses(a)[:, 1], rtol=tolerance, err_msg=str(key))
+        assert fused[key]["metrics"]["accuracy"] == pytest.approx(a["metrics"]["accuracy"], abs=0.02)

@@ -3,6 +3,7 @@ are, run by run, the runs trained alone: the same losses at every step and the s
 to float rounding."""
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +14,17 @@ from pretrainlab.model.encoder import EncoderCall
 from pretrainlab.optim import OptimConfig
 from pretrainlab.pretraining.fused import FusedGroup, GroupAdamW
 from pretrainlab.tools.bench_slot import build_run, make_batches
+from tests.conftest import SMALL
 
 VOCAB, SEQ, BATCH = 300, 32, 6
+# a briefly pretrained encoder without dropout (the slot's recipe), for the fine-tuning tests
+SMALL_PRETRAIN = (
+    *SMALL,
+    "max_steps=30",
+    "val_every=30",
+    "model.hidden_dropout=0",
+    "model.attention_dropout=0",
+)
 
 
 def _run(objective: str, seed: int, train: list[str] | None = None):
@@ -122,3 +132,166 @@ def test_runs_that_cannot_be_fused_are_refused_with_the_reason():
     narrow = make_batches(roberta[1], 1, BATCH, SEQ // 2, True, VOCAB, seed=1)[0]
     with pytest.raises(ValueError, match="batches of one shape"):
         group([wide, narrow])
+
+
+# --- fine-tuning: a GLUE task's seeds trained as one model (evaluation.fused) -------------------------
+FINETUNE = [
+    "glue.source=synthetic",
+    "glue.synthetic.scale=0.25",
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "task_overrides.lr=3.0e-4",
+    "task_overrides.epochs=2",
+    "task_overrides.batch_size=32",
+    "task_overrides.max_seq_len=64",
+]
+
+
+def _suite(run_dir, out, fuse: bool, tasks, seeds, *overrides):
+    from pretrainlab.studies import suite
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        "suite", f"pretrained={run_dir}", f"fuse_seeds={str(fuse).lower()}", f"output_dir={out}", *FINETUNE, *overrides
+    )
+    return {(r["task"], r["seed"]): r for r in suite.run_suite(cfg, tasks, seeds, out, dict(cfg.task_overrides))}
+
+
+def _losses(result) -> np.ndarray:
+    """(step, train/loss) of every step the run logged (its CSV logger)."""
+    import csv
+
+    (path,) = Path(result["run_dir"]).glob("csv/version_*/metrics.csv")
+    return np.array([(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(path.open()) if r["train/loss"]])
+
+
+@pytest.mark.parametrize("init", ["pretrained", "scratch"])
+def test_fused_seeds_fine_tune_each_seed_as_it_fine_tunes_alone(shared_run, tmp_path, init, caplog):
+    """fuse_seeds=true: a task's three seeds trained as one model are, seed by seed, the seeds trained
+    alone: the same loss at every step (each seed's own batches, head and classifier-dropout masks, in
+    both epochs: the streams carry over the dev evaluation), the same dev metrics, and results files of
+    the same fields, in the same places. Scratch encoders (a different random encoder per seed) too."""
+    run_dir, _ = shared_run(*SMALL_PRETRAIN)
+    tasks, seeds = ["sst2", "stsb"], [0, 1, 2]
+    alone = _suite(run_dir, tmp_path / "alone", False, tasks, seeds, f"init={init}")
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        fused = _suite(run_dir, tmp_path / "fused", True, tasks, seeds, f"init={init}")
+    assert caplog.text.count("3 runs fine-tuned at once") == 2, caplog.text
+    assert alone.keys() == fused.keys() and len(alone) == 6
+    first_losses = []
+    for key, a in alone.items():
+        f = fused[key]
+        assert f["fused_runs"] == 3 and "fused_runs" not in a
+        assert set(f) - {"fused_runs"} == set(a), key
+        where = Path(f["run_dir"]).relative_to(tmp_path / "fused")
+        assert where == Path(a["run_dir"]).relative_to(tmp_path / "alone") == Path(key[0], f"seed{key[1]}")
+        assert f["steps"] == a["steps"] >= 20
+        la, lf = _losses(a), _losses(f)
+        assert la.shape == lf.shape == (a["steps"], 2) and (la[:, 0] == lf[:, 0]).all(), key
+        np.testing.assert_allclose(lf[:, 1], la[:, 1], rtol=1e-5, err_msg=str(key))
+        first_losses.append(la[:, 1])
+        assert [h["epoch"] for h in f["history"]] == [h["epoch"] for h in a["history"]] == [1, 2]
+        assert [h["step"] for h in f["history"]] == [h["step"] for h in a["history"]]
+        for name, value in a["metrics"].items():
+            assert f["metrics"][name] == pytest.approx(value, abs=2e-3), (key, name)
+        assert f["no_skill"] == a["no_skill"] and f["eval_examples"] == a["eval_examples"]
+        assert f["config"]["task"] == a["config"]["task"] and f["pretrained"] == a["pretrained"]
+    # the seeds are the seeds': no two of them took the same steps
+    assert all(not np.allclose(x, y) for i, x in enumerate(first_losses) for y in first_losses[i + 1 : 3])
+
+
+def test_seeds_of_an_encoder_with_dropout_are_fine_tuned_one_by_one_and_the_log_says_why(shared_run, tmp_path, caplog):
+    """Dropout inside the encoder would draw its masks over the group's padded batch, not the seed's:
+    such seeds are fine-tuned one at a time, exactly as without fuse_seeds, and the log names why."""
+    run_dir, _ = shared_run(*SMALL_PRETRAIN[:-2])  # the encoder keeps its dropout
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        fused = _suite(run_dir, tmp_path / "fused", True, ["sst2"], [0, 1], "task_overrides.epochs=1")
+    assert "fine-tuned one by one, not fused: the encoder has dropout (model.hidden_dropout=0.1" in caplog.text
+    alone = _suite(run_dir, tmp_path / "alone", False, ["sst2"], [0, 1], "task_overrides.epochs=1")
+    for key, a in alone.items():
+        assert "fused_runs" not in fused[key] and fused[key]["metrics"] == a["metrics"]
+        np.testing.assert_array_equal(_losses(fused[key]), _losses(a))
+
+
+def test_a_fused_group_refuses_what_would_make_its_runs_differ_from_the_runs_alone():
+    """What refusal() names: the caller fine-tunes such runs one by one."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from pretrainlab.evaluation.fused import refusal
+    from pretrainlab.model.encoder import Encoder, EncoderConfig
+    from pretrainlab.runtime.settings import Devices
+
+    def fitting(precision="32-true", world=1, compile=None, lr=1e-3, clip=1.0):
+        cfg = OmegaConf.create({"trainer": {"accelerator": "cpu", "precision": precision}})
+        return SimpleNamespace(
+            cfg=cfg,
+            devices=Devices(world, 32, 1, compile, False),
+            recipe=SimpleNamespace(epochs=3, batch_size=32),
+            optim=OptimConfig(lr=lr, grad_clip=clip),
+        )
+
+    shape = dict(vocab_size=50, num_layers=1, num_heads=2, hidden_dropout=0.0, attention_dropout=0.0)
+    enc = [Encoder(EncoderConfig(hidden_size=16, **shape)), Encoder(EncoderConfig(hidden_size=16, **shape))]
+    assert refusal([fitting(), fitting(lr=2e-3)], enc) is None  # learning rates may differ
+    assert "only one run" in refusal([fitting()], enc[:1])
+    assert "DDP" in refusal([fitting(world=2), fitting(world=2)], enc)
+    assert "compile=false" in refusal([fitting(compile={}), fitting(compile={})], enc)
+    assert "16-mixed" in refusal([fitting("16-mixed"), fitting("16-mixed")], enc)
+    assert "optimizer settings" in refusal([fitting(), fitting(clip=0.5)], enc)
+    assert "different shapes" in refusal(
+        [fitting(), fitting()], [enc[0], Encoder(EncoderConfig(hidden_size=32, **shape))]
+    )
+    dropping = Encoder(EncoderConfig(hidden_size=16, **{**shape, "hidden_dropout": 0.1}))
+    assert "dropout (model.hidden_dropout=0.1" in refusal([fitting(), fitting()], [enc[0], dropping])
+
+
+def test_a_fused_group_that_fails_on_its_device_leaves_its_seeds_to_run_one_by_one(
+    shared_run, tmp_path, caplog, monkeypatch
+):
+    """A device's error in the fused step (a RuntimeError) is logged with its traceback, and the same seeds
+    are then fine-tuned one by one into the same places: the suite finishes, nothing is left half-written."""
+    from pretrainlab.evaluation import fused
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(fused, "fit_fused", broken)
+    run_dir, _ = shared_run(*SMALL_PRETRAIN)
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        results = _suite(run_dir, tmp_path / "out", True, ["sst2"], [0, 1], "task_overrides.epochs=1")
+    assert "sst2: fine-tuning its 2 runs fused failed (RuntimeError: CUDA error" in caplog.text
+    assert "they are fine-tuned one by one" in caplog.text
+    assert sorted(results) == [("sst2", 0), ("sst2", 1)]
+    for r in results.values():
+        assert "fused_runs" not in r and (tmp_path / "out" / "sst2" / f"seed{r['seed']}.json").is_file()
+
+
+def test_the_fine_tuning_bench_times_both_ways_and_writes_its_report(tmp_path):
+    """experiments/bench_finetune.py on the CPU: both ways timed, the same metrics, a report to publish."""
+    import json
+
+    from pretrainlab.tools.bench_finetune import main
+
+    assert main(["--seeds", "2", "--epochs", "1", "--report", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [row[0] for row in report["rows"]] == ["one seed after another", "fused into one model"]
+    assert all(float(row[2]) > 0 for row in report["rows"])
+    gap = float(report["about"].rsplit(": ", 1)[1].rstrip("."))
+    assert gap < 0.01, report["about"]
+    assert (tmp_path / "provenance.json").is_file() and (tmp_path / "report.md").is_file()
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_studys_fuse_seeds_reaches_every_encoders_suite(tmp_path, fuse):
+    """The study setting (conf/ablate.yaml; true in the slot's preset) is what every encoder's suite reads."""
+    from pretrainlab.studies.arms import study_arms
+    from pretrainlab.studies.work import StudyWork
+    from tests.conftest import compose_config
+
+    cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", f"fuse_seeds={fuse}")
+    study = StudyWork(cfg, tmp_path / "quick", study_arms(cfg), [])
+    assert study.suite_cfg(tmp_path / "run", "pretrained").fuse_seeds is fuse
+    assert compose_config("ablate_slot", "corpus=c").fuse_seeds is True

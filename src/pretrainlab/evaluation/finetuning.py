@@ -109,6 +109,10 @@ class Trainable(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.history.append({"epoch": self.current_epoch + 1, "step": self.global_step, "metrics": metrics})
 
+    def world_size(self) -> int:
+        """The processes scoring the dev sets: the trainer's, or 1 outside one (``evaluation.fused``)."""
+        return self._trainer.world_size if self._trainer is not None else 1
+
     def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
         return cast(torch.Tensor, self.all_gather(x))
 
@@ -212,6 +216,13 @@ class Fitting:
                 f"fine-tuning of {self.name} (seed {cfg.seed}) stopped at step {trainer.global_step} of "
                 f"{total_steps}; no results were written. Continue with:\n  {self.resume_hint}"
             )
+        self.primary = trainer.is_global_zero
+        return self.outcome(job, trainer.global_step)
+
+    def outcome(self, job: Job, steps: int) -> dict:
+        """The results' shared fields of ``job`` trained for ``steps`` optimizer steps: the metrics after
+        the last epoch, every epoch's; dev metrics that are not finite (fine-tuning diverged) are refused."""
+        module, cfg = job.module, self.cfg
         if not module.history:
             raise RuntimeError("fine-tuning finished without an evaluation; is task.epochs at least 1?")
         final = module.history[-1]["metrics"]
@@ -222,7 +233,6 @@ class Fitting:
                 f"): fine-tuning diverged. No results were written; lower task.lr (it is {self.recipe.lr}) or check the "
                 f"encoder."
             )
-        self.primary = trainer.is_global_zero
         return {
             "metrics": final,
             "reported_epoch": "last",
@@ -230,7 +240,7 @@ class Fitting:
             "eval_examples": job.eval_examples,
             **job.fields,
             **({"detail": module.detail} if module.detail else {}),
-            "steps": trainer.global_step,
+            "steps": steps,
         }
 
     def finish(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrainlab import atomic
 from pretrainlab.config import ConfigError
-from pretrainlab.evaluation import base
+from pretrainlab.evaluation import base, fused
 from pretrainlab.evaluation.finetuning import Fitting
 from pretrainlab.export.native import CONFIG, resolve_export_dir
 from pretrainlab.export.pretrained import Pretrained, load_pretrained
 from pretrainlab.runtime import wandb_runs
 from pretrainlab.runtime.rundir import claim_results, release
 from pretrainlab.runtime.script import RunScript, rerun_command
-from pretrainlab.runtime.settings import Devices, check_finetuning, check_precision
+from pretrainlab.runtime.settings import Devices, check_finetuning, check_precision, uses_cuda
 from pretrainlab.runtime.signals import exit_on_signal
 
 log = logging.getLogger("pretrainlab")
@@ -69,6 +70,107 @@ def run(
         return _run(cfg, script, evaluation, fitting, results_path, resume_hint or rerun_command())
     finally:
         release(run_dir)
+
+
+def run_fused(members: Sequence[tuple[DictConfig, Path, Path, dict[str, str]]], resume_hint: str) -> list[dict] | None:
+    """Run the fine-tunings ``members`` ((config, run directory, results path, choices) each, of one
+    task) as one group trained at once (``evaluation.fused``), each written as :func:`run` writes it;
+    their results. None, with nothing written, where they cannot be fused (the log says why): the
+    caller then runs them one by one."""
+    prepared = []
+    for cfg, run_dir, _, choices in members:
+        evaluation = base.of(cfg)
+        if not (isinstance(evaluation, base.Trained) and evaluation.fine_tuned and hasattr(evaluation, "job")):
+            log.info("%s is fine-tuned one run at a time: only GLUE's tasks are fused", evaluation.name)
+            return None
+        check_finetuning(cfg)
+        check_precision(cfg)
+        evaluation.check()
+        check_language(str(cfg.pretrained), evaluation)
+        devices = Devices.of(cfg, evaluation.batch_size, setting="task.batch_size")
+        prepared.append((cfg, RunScript.of(cfg, run_dir, choices), evaluation, devices, instantiate(cfg.optim)))
+    claimed: list[Path] = []
+    open_scripts: list[RunScript] = []
+    try:
+        for cfg, run_dir, results_path, _ in members:
+            claim_results(run_dir, results_path, overwrite=bool(cfg.get("overwrite", False)))
+            claimed.append(run_dir)
+        streams = fused.Streams(len(members), any(uses_cuda(cfg) for cfg, *_ in prepared))
+        fittings, jobs, models = [], [], []
+        for m, (cfg, script, evaluation, devices, optim) in enumerate(prepared):
+            script.start()  # every seed set to the run's, as for the run alone
+            open_scripts.append(script)
+            model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
+            _check_positions(model, evaluation)
+            script.save_config()
+            fitting = Fitting(cfg, script, evaluation, devices, optim, lambda _: None, resume_hint)
+            jobs.append(evaluation.job(base.RunContext.of(cfg), model, fitting))
+            streams.capture(m)  # where the run alone starts training
+            fittings.append(fitting)
+            models.append(model)
+        reason = fused.refusal(fittings, [job.module.encoder for job in jobs])
+        if reason is None and not fused.fusable_steps(jobs):
+            reason = "the runs' training or dev sets differ in size"
+        name = prepared[0][2].name
+        if reason is not None:
+            log.info("%s: its %d runs are fine-tuned one by one, not fused: %s", name, len(members), reason)
+            return None
+        log.info("%s: %d runs fine-tuned at once, fused into one model", name, len(members))
+        t0 = time.time()
+        with exit_on_signal(f"fine-tuning of {name} ({len(members)} runs fused)", resume_hint):
+            try:
+                trained = fused.fit_fused(fittings, jobs, streams)
+            except RuntimeError as error:  # a device's error: the same runs one by one, with nothing lost
+                log.warning(
+                    "%s: fine-tuning its %d runs fused failed (%s: %s); they are fine-tuned one by one",
+                    name,
+                    len(members),
+                    type(error).__name__,
+                    error,
+                    exc_info=True,
+                )
+                return None
+        results = []
+        for (cfg, script, evaluation, _, _), (_, run_dir, results_path, _), model, job, outcome in zip(
+            prepared, members, models, jobs, trained, strict=True
+        ):
+            logger = _logger(script, evaluation, model, cfg.seed, job.eval_examples)
+            if logger:
+                for step, metrics in outcome.logged:  # what the run logged as it trained, in its own run
+                    logger.log_metrics(metrics, step=step)
+            fields = {**outcome.fields, "fused_runs": len(members)}
+            result = _result(cfg, evaluation, model, fields.pop("metrics"), t0, run_dir, fields)
+            atomic.write_json(results_path, result)
+            if logger:
+                wandb_runs.log_finetune_summary(logger, result)
+                logger.finalize("success")
+            log.info(
+                "%s %s seed %d: %s (score %.2f)",
+                evaluation.name,
+                model.label,
+                cfg.seed,
+                ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()),
+                result["score"],
+            )
+            script.exit_code = 0
+            script.finish()
+            open_scripts.remove(script)
+            results.append(result)
+        return results
+    finally:
+        for script in open_scripts:
+            script.finish()
+        for run_dir in claimed:
+            release(run_dir)
+
+
+def _check_positions(model: Pretrained, evaluation: base.Evaluation) -> None:
+    max_pos = model.encoder.config.max_position_embeddings
+    if evaluation.max_seq_len > max_pos:
+        raise ConfigError(
+            f"task.max_seq_len={evaluation.max_seq_len} exceeds the encoder's {max_pos} positions; "
+            f"lower task.max_seq_len."
+        )
 
 
 def check_language(pretrained: str, evaluation: base.Evaluation) -> None:
@@ -109,12 +211,7 @@ def _run(
 ) -> dict[str, Any]:
     script.start()
     model = load_pretrained(cfg.pretrained, cfg.init, cfg.seed)
-    max_pos = model.encoder.config.max_position_embeddings
-    if evaluation.max_seq_len > max_pos:
-        raise ConfigError(
-            f"task.max_seq_len={evaluation.max_seq_len} exceeds the encoder's {max_pos} positions; "
-            f"lower task.max_seq_len."
-        )
+    _check_positions(model, evaluation)
     t0 = time.time()
     script.save_config()
 
@@ -192,4 +289,4 @@ def _result(
     }
 
 
-__all__ = ["check_language", "run"]
+__all__ = ["check_language", "run", "run_fused"]

@@ -70,6 +70,7 @@ HOW = (
     "budget_flops",
     "jobs",
     "mps",
+    "fuse_seeds",
     "slot",
 )
 # study settings that decide what the evaluations and the report do, not what a pretraining job computes:

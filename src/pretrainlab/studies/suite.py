@@ -165,15 +165,20 @@ def run_suite(
     try:
         dirs, jobs = plan_suite(cfg, tasks, seeds, output_dir, task_overrides)
         results: dict[Path, list[dict]] = {}
+        fused = _run_fused(jobs, resume_hint) if cfg.get("fuse_seeds", False) else {}
         for job in jobs:
             out = job.path.parents[1]
             if job.done is not None:
                 log.info("%s seed %d: done already (%s)", job.cfg.task.name, job.cfg.seed, job.path)
                 results.setdefault(out, []).append(job.done)
                 continue
-            choices = {**hydra.choices(), "task": job.cfg.task.name}
+            if job.path in fused:
+                results.setdefault(out, []).append(fused[job.path])
+                continue
             results.setdefault(out, []).append(
-                evaluation.run(job.cfg, job.run_dir, results_path=job.path, choices=choices, resume_hint=resume_hint)
+                evaluation.run(
+                    job.cfg, job.run_dir, results_path=job.path, choices=_choices(job), resume_hint=resume_hint
+                )
             )
         for out, rs in results.items():
             write_summary(rs, out)
@@ -181,6 +186,30 @@ def run_suite(
         for d in dirs:
             unlock(d)
     return [r for rs in results.values() for r in rs]
+
+
+def _choices(job: Job) -> dict[str, str]:
+    return {**hydra.choices(), "task": job.cfg.task.name}
+
+
+def _run_fused(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
+    """``fuse_seeds=true``: the unfinished seeds of each fine-tuned GLUE task trained at once, as one
+    model (``evaluation.fused``); their results by path. A task whose runs cannot be fused is left to
+    run one seed at a time (the log says why)."""
+    by_task: dict[str, list[Job]] = {}
+    for job in jobs:
+        task = evaluations.get(job.cfg.task.name)
+        if job.done is None and task.fine_tuned and task.family == "glue":
+            by_task.setdefault(task.name, []).append(job)
+    out: dict[Path, dict] = {}
+    for group in by_task.values():
+        if len(group) < 2:
+            continue
+        members = [(job.cfg, job.run_dir, job.path, _choices(job)) for job in group]
+        results = evaluation.run_fused(members, resume_hint)
+        if results is not None:
+            out.update({job.path: result for job, result in zip(group, results, strict=True)})
+    return out
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:

@@ -203,6 +203,7 @@ class StudyWork:
         self.suite_overrides = [
             *cfg.suite.overrides,
             *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
+            f"fuse_seeds={str(bool(cfg.get('fuse_seeds', False))).lower()}",
         ]
         self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.suite.seeds]
         probe = self.suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")

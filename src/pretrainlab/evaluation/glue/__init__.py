@@ -37,7 +37,7 @@ from pretrainlab.evaluation.glue.data import (
 )
 from pretrainlab.evaluation.glue.metrics import compute, no_skill
 from pretrainlab.evaluation.glue.tasks import TASKS, TaskSpec, get_task
-from pretrainlab.model.encoder import Encoder
+from pretrainlab.model.encoder import Encoder, EncoderCall, EncoderOutput
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.signals import worker_init
 
@@ -70,7 +70,15 @@ class Classifier(Trainable):
         self.eval_splits = eval_splits or list(spec.eval_splits)
 
     def logits(self, batch: dict) -> torch.Tensor:
-        out = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return self.head(self.encoder_call(batch)(self.encoder))
+
+    def encoder_call(self, batch: dict) -> EncoderCall:
+        """The encoder call a batch's logits start from (several runs' calls are made as one in
+        ``evaluation.fused``)."""
+        return EncoderCall(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+    def head(self, out: EncoderOutput) -> torch.Tensor:
+        """The logits from the encoder's output: the pooled ``[CLS]``, dropout, the classifier."""
         pooled = out.pooled if self.pooler is None else torch.tanh(self.pooler(out.hidden_states[:, 0]))
         logits = self.classifier(self.dropout(pooled)).float()
         return logits.squeeze(-1) if self.spec.is_regression else logits
@@ -81,7 +89,10 @@ class Classifier(Trainable):
         return F.cross_entropy(logits, labels)
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        logits = self(batch)
+        self.record(batch, self(batch), dataloader_idx)
+
+    def record(self, batch: dict, logits: torch.Tensor, dataloader_idx: int = 0) -> None:
+        """Keep a dev batch's predictions for :meth:`evaluate`."""
         pred = logits if self.spec.is_regression else logits.argmax(-1)
         self._outputs.setdefault(dataloader_idx, []).append(
             (batch["index"], pred.detach().float(), batch["labels"].float())
@@ -96,7 +107,7 @@ class Classifier(Trainable):
             index = torch.cat([o[0] for o in outs])
             pred = torch.cat([o[1] for o in outs])
             label = torch.cat([o[2] for o in outs])
-            if self.trainer.world_size > 1:  # every rank scores the whole dev set
+            if self.world_size() > 1:  # every rank scores the whole dev set
                 index, pred, label = (self._all_gather(x).flatten(0, 1) for x in (index, pred, label))
             _, first = np.unique(index.cpu().numpy(), return_index=True)  # a distributed sampler repeats a few
             predicted, gold = pred.cpu().numpy()[first], label.cpu().numpy()[first]
@@ -170,6 +181,11 @@ class GlueTask(FineTuned):
         return f"{path.parent.name}/{path.name}"
 
     def evaluate(self, run: RunContext, model, fitting: Fitting) -> dict:
+        return fitting.fit(self.job(run, model, fitting))
+
+    def job(self, run: RunContext, model, fitting: Fitting) -> Job:
+        """The fine-tuning of ``model`` on this task, ready to train: its classifier (initialised from
+        the global seed), its data loaders (shuffled by ``run.seed``) and the fields its results add."""
         spec = self.spec
         t0 = time.time()
         digests = self.digests()
@@ -213,25 +229,21 @@ class GlueTask(FineTuned):
             eval_names,
             compile=devices.compile,
         )
-        return fitting.fit(
-            Job(
-                module,
-                train_loader,
-                eval_loaders,
-                steps_per_epoch,
-                {s: len(e) for s, e in zip(eval_names, encoded_eval)},
-                {
-                    "train_examples": len(encoded_train),
-                    "no_skill": {
-                        f"{m}{suffix}": v
-                        for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
-                        for m, v in no_skill(
-                            list(spec.metrics), encoded_train.labels, e.labels, spec.is_regression
-                        ).items()
-                    },
-                    "data": {"source": self.data.source, "files": digests},
+        return Job(
+            module,
+            train_loader,
+            eval_loaders,
+            steps_per_epoch,
+            {s: len(e) for s, e in zip(eval_names, encoded_eval)},
+            {
+                "train_examples": len(encoded_train),
+                "no_skill": {
+                    f"{m}{suffix}": v
+                    for (_, suffix), e in zip(spec.eval_splits.values(), encoded_eval)
+                    for m, v in no_skill(list(spec.metrics), encoded_train.labels, e.labels, spec.is_regression).items()
                 },
-            )
+                "data": {"source": self.data.source, "files": digests},
+            },
         )
 
 
