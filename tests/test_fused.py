@@ -285,13 +285,67 @@ def test_the_fine_tuning_bench_times_both_ways_and_writes_its_report(tmp_path):
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_a_studys_fuse_seeds_reaches_every_encoders_suite(tmp_path, fuse):
+def test_a_studys_fuse_finetuning_reaches_every_encoders_suite(tmp_path, fuse):
     """The study setting (conf/ablate.yaml; true in the slot's preset) is what every encoder's suite reads."""
     from pretrainlab.studies.arms import study_arms
     from pretrainlab.studies.work import StudyWork
     from tests.conftest import compose_config
 
-    cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", f"fuse_seeds={fuse}")
+    cfg = compose_config("ablate_quick", f"output_root={tmp_path}", "objectives=[roberta]", f"fuse_finetuning={fuse}")
     study = StudyWork(cfg, tmp_path / "quick", study_arms(cfg), [])
     assert study.suite_cfg(tmp_path / "run", "pretrained").fuse_seeds is fuse
-    assert compose_config("ablate_slot", "corpus=c").fuse_seeds is True
+    assert compose_config("ablate_slot", "corpus=c").fuse_finetuning is True
+
+
+def _study(root, fuse: bool, jobs: int = 1):
+    from pretrainlab.studies.ablation import run_study
+    from tests.conftest import compose_config
+
+    quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    pretrain = [*SMALL_PRETRAIN[:-4], "max_steps=40", "val_every=40", "checkpoint_every=40", *SMALL_PRETRAIN[-2:]]
+    return run_study(
+        compose_config(
+            "ablate",
+            "study=fused",
+            f"output_root={root}",
+            "objectives=[roberta,bert]",
+            "seeds=[0]",
+            "intrinsic=false",
+            "evals=[glue]",
+            "suite.glue_tasks=[sst2,stsb]",
+            "suite.seeds=[0,1]",
+            "baseline=scratch",
+            f"fuse_finetuning={str(fuse).lower()}",
+            f"jobs={jobs}",
+            f"pretrain={quoted(pretrain)}",
+            f"suite.overrides={quoted([*FINETUNE, 'task_overrides.epochs=1'])}",
+        )
+    )
+
+
+def test_a_study_fuses_each_tasks_fine_tunings_of_every_encoder_into_one_model(tmp_path, caplog):
+    """fuse_finetuning=true: each GLUE task's fine-tunings of the study's three encoders (two objectives and
+    scratch, two seeds each) are trained at once, as one model of six runs, a process per task (jobs=2),
+    before the suites; the report is the report of the same study fine-tuned one run at a time (the same
+    losses, run by run)."""
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        fused = _study(tmp_path / "fused", True, jobs=2)
+    assert "fine-tuning sst2, fused: done" in caplog.text and "fine-tuning stsb, fused: done" in caplog.text
+    logs = tmp_path / "fused" / "fused" / "logs"
+    for task in ("sst2", "stsb"):
+        assert "6 runs fine-tuned at once" in (logs / f"fuse-{task}.log").read_text()
+    alone = _study(tmp_path / "alone", False)
+    assert fused["labels"] == alone["labels"] and sorted(alone["labels"]) == ["bert", "roberta", "scratch"]
+    for label in alone["labels"]:
+        for task in ("sst2", "stsb"):
+            a, f = alone["cells"][label][task], fused["cells"][label][task]
+            np.testing.assert_allclose(f["score"], a["score"], atol=0.3, err_msg=f"{label} {task}")
+    results = sorted((tmp_path / "fused" / "fused" / "pretrain").glob("*/glue*/*/seed*.json"))
+    assert len(results) == 3 * 2 * 2
+    for path in results:
+        import json
+
+        f = json.loads(path.read_text())
+        a = json.loads(Path(str(path).replace(str(tmp_path / "fused"), str(tmp_path / "alone"))).read_text())
+        assert f["fused_runs"] == 6 and "fused_runs" not in a
+        np.testing.assert_allclose(_losses(f)[:, 1], _losses(a)[:, 1], rtol=1e-5, err_msg=str(path))

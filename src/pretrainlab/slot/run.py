@@ -70,7 +70,7 @@ HOW = (
     "budget_flops",
     "jobs",
     "mps",
-    "fuse_seeds",
+    "fuse_finetuning",
     "slot",
 )
 # study settings that decide what the evaluations and the report do, not what a pretraining job computes:

@@ -137,6 +137,7 @@ def _run(study: StudyWork, where: Launcher, resume: str, timeline: Callable[[str
         mark("evaluation")
         suites = study.suites()
         whole["evaluation"] = _share(*study.evaluations_done(suites), False)
+        where.fuse(study, study.fused_work(suites))  # fuse_finetuning: each GLUE task's runs at once
         where.evaluate(study, study.unfinished(suites))
         for _, gcfg in suites:  # in this process: what is left (all of it with jobs=1), and every summary
             run_suite(gcfg, study.tasks, study.seeds, None, plain(gcfg.task_overrides), resume_hint=resume)

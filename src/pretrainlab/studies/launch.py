@@ -47,6 +47,10 @@ class Launcher:
         suite's results: ``run_suite`` does what is left, and writes each summary)."""
         raise NotImplementedError
 
+    def fuse(self, study: StudyWork, work: list[Work]) -> None:
+        """Train each GLUE task's fine-tunings of every encoder at once (``fuse_finetuning``), before the
+        suites; by default nothing (each encoder's suite still fuses its own seeds)."""
+
     def sharing(self, logs: Path) -> contextlib.AbstractContextManager:
         """What the launcher holds while the study runs (CUDA's MPS for processes sharing one GPU)."""
         return contextlib.nullcontext()
@@ -101,6 +105,13 @@ class Local(Launcher):
             for r, c, ch in study.pending:
                 pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", "none").run(self.resume)
         return True
+
+    def fuse(self, study: StudyWork, work: list[Work]) -> None:
+        if self.jobs > 1:
+            run_parallel(work, self.jobs, self.resume)
+        else:
+            for item in work:
+                item.run(self.resume)
 
     def evaluate(self, study: StudyWork, suites: list[Work]) -> None:
         if self.jobs > 1 and len(suites) > 1:

@@ -43,7 +43,7 @@ from pretrainlab.pretraining import run as pretraining
 from pretrainlab.studies.arms import run_label
 from pretrainlab.studies.forkserver import Forked, shared
 from pretrainlab.studies.intrinsic import held_out, intrinsic_row
-from pretrainlab.studies.suite import run_suite
+from pretrainlab.studies.suite import fuse_task, run_suite
 from pretrainlab.studies.throughput import measure
 
 log = logging.getLogger("pretrainlab")
@@ -80,7 +80,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 # the kinds of work a study does, in a process of its own (run_parallel), a SLURM job (studies.slurm) or
 # its own process (studies.launch): what each is told is in its spec
-KINDS = ("pretrain", "evaluate", "measure")
+KINDS = ("pretrain", "evaluate", "measure", "fuse")
 
 
 @dataclass
@@ -88,7 +88,8 @@ class Work:
     """One piece of a study's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then
     its held-out checks, and a file saying it is done when asked), an encoder's evaluation suite
     (``kind="evaluate"``: cfg, tasks, seeds, task_overrides), or a pretraining run's throughput timed in a
-    coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments)."""
+    coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments), or a GLUE task's
+    fine-tunings of several encoders at once (``kind="fuse"``: the study's cfg, task, encoders, seeds)."""
 
     name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
     kind: str
@@ -231,6 +232,11 @@ def do(kind: str, cfg: DictConfig, spec: DictConfig) -> None:
         measure(cfg, **plain(spec.kwargs))
     elif kind == "evaluate":
         run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
+    elif kind == "fuse":
+        from pretrainlab.studies.work import suite_config  # (it imports this module)
+
+        suites = [suite_config(cfg, Path(encoder), str(init)) for encoder, init in spec.encoders]
+        fuse_task(suites, str(spec.task), [int(s) for s in spec.seeds], spec.resume)
     else:
         raise ValueError(f"work of kind {kind!r} ({', '.join(KINDS)})")
 

@@ -15,6 +15,7 @@ data files; anything else is refused rather than reported beside new results. ``
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from pretrainlab.evaluation import run as evaluation
 from pretrainlab.evaluation.results import check_data, check_encoder, check_place, check_settings, read_result
 from pretrainlab.export import resolve_export_dir
 from pretrainlab.export.hf import model_name
+from pretrainlab.export.native import CONFIG
 from pretrainlab.export.pretrained import encoder_identity
 from pretrainlab.runtime import hydra
 from pretrainlab.runtime.hydra import CONF
@@ -165,7 +167,7 @@ def run_suite(
     try:
         dirs, jobs = plan_suite(cfg, tasks, seeds, output_dir, task_overrides)
         results: dict[Path, list[dict]] = {}
-        fused = _run_fused(jobs, resume_hint) if cfg.get("fuse_seeds", False) else {}
+        fused = _fuse(jobs, resume_hint) if cfg.get("fuse_seeds", False) else {}
         for job in jobs:
             out = job.path.parents[1]
             if job.done is not None:
@@ -192,17 +194,28 @@ def _choices(job: Job) -> dict[str, str]:
     return {**hydra.choices(), "task": job.cfg.task.name}
 
 
-def _run_fused(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
-    """``fuse_seeds=true``: the unfinished seeds of each fine-tuned GLUE task trained at once, as one
-    model (``evaluation.fused``); their results by path. A task whose runs cannot be fused is left to
-    run one seed at a time (the log says why)."""
-    by_task: dict[str, list[Job]] = {}
+def _shape(pretrained: str) -> str | None:
+    """The encoder config of an export (the shape its fine-tunings share when fused); None for ``hf:``."""
+    if str(pretrained).startswith("hf:"):
+        return None
+    try:
+        return json.dumps(json.loads((resolve_export_dir(pretrained) / CONFIG).read_text())["encoder"], sort_keys=True)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _fuse(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
+    """The unfinished fine-tunings among ``jobs`` of each fine-tuned GLUE task and encoder shape trained at
+    once, as one model (``evaluation.fused``); their results by path. A group whose runs cannot be fused is
+    left to run one at a time (the log says why)."""
+    groups: dict[tuple[str, str], list[Job]] = {}
     for job in jobs:
         task = evaluations.get(job.cfg.task.name)
-        if job.done is None and task.fine_tuned and task.family == "glue":
-            by_task.setdefault(task.name, []).append(job)
+        shape = _shape(str(job.cfg.pretrained))
+        if job.done is None and task.fine_tuned and task.family == "glue" and shape is not None:
+            groups.setdefault((task.name, shape), []).append(job)
     out: dict[Path, dict] = {}
-    for group in by_task.values():
+    for group in groups.values():
         if len(group) < 2:
             continue
         members = [(job.cfg, job.run_dir, job.path, _choices(job)) for job in group]
@@ -210,6 +223,25 @@ def _run_fused(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
         if results is not None:
             out.update({job.path: result for job, result in zip(group, results, strict=True)})
     return out
+
+
+def fuse_task(suites: list[DictConfig], task: str, seeds: list[int], resume_hint: str | None = None) -> int:
+    """The unfinished fine-tunings of ``task`` in every suite of ``suites`` (one per encoder), trained at
+    once: one group per encoder shape (``evaluation.run_fused``). Returns how many were trained; what
+    cannot be fused is left to each encoder's suite (``run_suite``), which also writes the summaries."""
+    resume_hint = resume_hint or rerun_command()
+    # the task's folder of each encoder's results (the other tasks' are another process's, at once)
+    dirs = list(
+        dict.fromkeys(output_dir_of(evaluations.get(task), g, None) / evaluations.get(task).name for g in suites)
+    )
+    for d in dirs:
+        lock(d, "evaluation suite")
+    try:
+        jobs = [job for g in suites for job in plan_suite(g, [task], seeds, None, plain(g.task_overrides))[1]]
+        return len(_fuse(jobs, resume_hint))
+    finally:
+        for d in dirs:
+            unlock(d)
 
 
 def write_summary(results: list[dict], output_dir: Path) -> None:

@@ -68,6 +68,23 @@ def study_tasks(cfg: DictConfig) -> list[str]:
     return resolve(["glue"] if evals is None else list(evals), list(settle_suite(cfg).suite.glue_tasks))
 
 
+def suite_overrides(cfg: DictConfig) -> list[str]:
+    """What a study's every evaluation suite is composed with (conf/suite.yaml): ``suite.overrides``, the
+    data folders, and whether a suite fuses a task's seeds (``fuse_finetuning``)."""
+    return [
+        *cfg.suite.overrides,
+        *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
+        f"fuse_seeds={str(bool(cfg.get('fuse_finetuning', False))).lower()}",
+    ]
+
+
+def suite_config(cfg: DictConfig, encoder: Path, init: str) -> DictConfig:
+    """The evaluation suite of ``encoder`` (``init``: pretrained or scratch) in study ``cfg``."""
+    gcfg, _ = compose("suite", [f"pretrained={encoder}", f"init={init}", *suite_overrides(cfg)])
+    set_group(gcfg, cfg.study)
+    return gcfg
+
+
 def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
     """Every evaluation's settings and data files, as its runs will read them (synthetic sets generated
     into the cache), before the first pretraining run: a missing or mistyped data folder ends the study
@@ -200,11 +217,7 @@ class StudyWork:
         self.cfg, self.root, self.fractions = cfg, root, fractions
         self.planned = pretraining_runs(cfg, root, arms, fractions)
         self.runs = [run_dir for run_dir, *_ in self.planned]
-        self.suite_overrides = [
-            *cfg.suite.overrides,
-            *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
-            f"fuse_seeds={str(bool(cfg.get('fuse_seeds', False))).lower()}",
-        ]
+        self.suite_overrides = suite_overrides(cfg)
         self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.suite.seeds]
         probe = self.suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
         for block, path in (cfg.get("data_dirs") or {}).items():
@@ -235,9 +248,31 @@ class StudyWork:
                 raise ConfigError(f"pretraining run {run_dir.name} of the study: {e}") from None
 
     def suite_cfg(self, encoder: Path, init: str) -> DictConfig:
-        gcfg, _ = compose("suite", [f"pretrained={encoder}", f"init={init}", *self.suite_overrides])
-        set_group(gcfg, self.cfg.study)
-        return gcfg
+        return suite_config(self.cfg, encoder, init)
+
+    def fused_work(self, suites: list[tuple[str, DictConfig]]) -> list[Work]:
+        """``fuse_finetuning=true``: for each fine-tuned GLUE task with two or more fine-tunings not done, the
+        work that trains them at once, every encoder's (``studies.suite.fuse_task``; a process per task)."""
+        if not self.cfg.get("fuse_finetuning", False):
+            return []
+        out = []
+        for name in self.tasks:
+            task = evaluations.get(name)
+            if not (task.fine_tuned and task.family == "glue"):
+                continue
+            pending = {
+                (str(g.pretrained), str(g.init)): sum(
+                    job.done is None for job in plan_suite(g, [name], self.seeds, None, plain(g.task_overrides))[1]
+                )
+                for _, g in suites
+            }
+            encoders = [list(key) for key, n in pending.items() if n]
+            if sum(pending.values()) >= 2:
+                spec = {"task": name, "encoders": encoders, "seeds": list(self.seeds)}
+                out.append(
+                    Work(f"fine-tuning {name}, fused", "fuse", self.cfg, spec, self.root / "logs" / f"fuse-{name}.log")
+                )
+        return out
 
     def suites(self) -> list[tuple[str, DictConfig]]:
         """The evaluation suite of every encoder there is now (:meth:`encoders`): its label and config."""
