@@ -38,6 +38,9 @@ SMALL = [
 ]
 
 
+SST2 = [("roberta-s0", ""), ("bert-nsp0-s0", ""), ("roberta-s0", "-scratch")]  # the slot's sst2 results
+
+
 # --- the plan ---------------------------------------------------------------------------------------------
 def test_jobs_share_the_device_until_one_finishes_then_the_others_speed_up():
     rates = {"fast": Rate(together=1.0, alone=2.0), "slow": Rate(together=0.5, alone=1.0)}
@@ -364,6 +367,9 @@ def test_two_slots_pretrain_evaluate_come_back_and_merge_into_one_report(packed,
         and "slot/pretrain/bert-nsp0-s0/eval/blimp/seed0.json" in names
     )
     assert "slot/report/slot.md" in names and "slot/slot.log" in names
+    with tarfile.open(a) as tar:  # sst2 of both encoders and scratch fine-tuned at once (fuse_finetuning)
+        fused = [json.load(tar.extractfile(f"slot/pretrain/{r}/glue{s}/sst2/seed0.json")) for r, s in SST2]
+    assert [r["fused_runs"] for r in fused] == [3, 3, 3], [r.get("fused_runs") for r in fused]
     unpack(inputs, tmp_path / "s0")  # the slot wrote nothing into its inputs: they unpack (and check) as they were
     md = (tmp_path / "s0" / "slot" / "report" / "slot.md").read_text()
     assert "## The jobs at once against one after another" in md and "calibrated" in md
