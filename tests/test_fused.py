@@ -218,16 +218,14 @@ def test_a_fused_group_refuses_what_would_make_its_runs_differ_from_the_runs_alo
     """What refusal() names: the caller fine-tunes such runs one by one."""
     from types import SimpleNamespace
 
-    from omegaconf import OmegaConf
-
     from pretrainlab.evaluation.fused import refusal
     from pretrainlab.model.encoder import Encoder, EncoderConfig
     from pretrainlab.runtime.settings import Devices
 
     def fitting(precision="32-true", world=1, compile=None, lr=1e-3, clip=1.0):
-        cfg = OmegaConf.create({"trainer": {"accelerator": "cpu", "precision": precision}})
         return SimpleNamespace(
-            cfg=cfg,
+            precision=precision,
+            on_cuda=False,
             devices=Devices(world, 32, 1, compile, False),
             recipe=SimpleNamespace(epochs=3, batch_size=32),
             optim=OptimConfig(lr=lr, grad_clip=clip),

@@ -22,7 +22,10 @@ An evaluation owns
   fine-tuned head shares: ``evaluation.finetuning``), scores it zero-shot, or probes its frozen features,
   and returns the fields of its results: its metrics, and its trivial baseline's (``no_skill``);
   ``run`` (:class:`RunContext`) is what the run gives it beside its recipe: the seed, the encoder's
-  origin, the workers and the device;
+  origin, the workers and the device. A fine-tuned evaluation whose runs can train several at once as
+  one model (``fusable``: GLUE's tasks) also gives its fine-tuning ready to train, ``job(run, model,
+  fitting)`` (a ``finetuning.Job`` whose module names its encoder call, its head and how it keeps a dev
+  batch's predictions), which ``evaluation.fused`` trains with the others;
 - its place in a comparison beyond the main table: :meth:`Evaluation.sections` (BLiMP by paradigm,
   the probes layer by layer).
 
@@ -133,6 +136,7 @@ class Evaluation:
     family: ClassVar[str] = "eval"  # one of FAMILIES
     data_block: ClassVar[str]  # the block of conf/finetune.yaml that holds its data settings
     in_glue_score: ClassVar[bool] = False
+    fusable: ClassVar[bool] = False  # its runs of one task can train at once (a FineTuned's ``job``: above)
     rank: ClassVar[int] = 50  # where its column stands in tables (GLUE's tasks first)
 
     def __init__(self, name: str, max_seq_len: int = 128, data: DataBlock | None = None):
@@ -270,6 +274,10 @@ class FineTuned(Trained):
     def __init__(self, name: str, warmup: float = 0.0, classifier_dropout: float = 0.1, **recipe: Any):
         super().__init__(name, **recipe)
         self.warmup, self.classifier_dropout = warmup, classifier_dropout
+
+    def job(self, run: RunContext, model: Any, fitting: Any) -> Any:
+        """The fine-tuning of ``model``, ready to train (a ``finetuning.Job``), for a ``fusable`` evaluation."""
+        raise NotImplementedError(f"{self.name} is not fusable: it is fine-tuned through evaluate() alone")
 
 
 def _same(a: Any, b: Any) -> bool:

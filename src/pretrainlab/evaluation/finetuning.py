@@ -25,7 +25,7 @@ from pretrainlab.model.encoder import Encoder
 from pretrainlab.optim import OptimConfig
 from pretrainlab.runtime.nonfinite import NonFiniteWatch
 from pretrainlab.runtime.script import RunScript, log_interval
-from pretrainlab.runtime.settings import Devices
+from pretrainlab.runtime.settings import Devices, uses_cuda
 from pretrainlab.runtime.signals import SaveOnSignal
 
 # --- The trainable ----------------------------------------------------------------------------
@@ -181,6 +181,24 @@ class Fitting:
         self.logger: Any = None
         self.stopper: SaveOnSignal | None = None
         self.primary = True  # this process writes the results (the first rank)
+
+    @property
+    def precision(self) -> str:
+        """The trainer's precision (32-true, bf16-mixed, ...)."""
+        return str(self.cfg.trainer.get("precision", "32-true"))
+
+    @property
+    def on_cuda(self) -> bool:
+        return uses_cuda(self.cfg)
+
+    @property
+    def log_every(self) -> int:
+        """The trainer's logging interval, in optimizer steps."""
+        return int(self.cfg.trainer.get("log_every_n_steps", 10))
+
+    @property
+    def progress_bar(self) -> bool:
+        return bool(self.cfg.trainer.get("enable_progress_bar", True))
 
     def steps(self, examples: int) -> tuple[int, int]:
         """(optimizer steps per epoch, in all) for ``examples`` training examples."""

@@ -38,7 +38,6 @@ from pretrainlab.model.encoder import Encoder
 from pretrainlab.model.stacked import StackedEncoder
 from pretrainlab.optim import lr_lambda
 from pretrainlab.pretraining.fused import GroupAdamW
-from pretrainlab.runtime.settings import uses_cuda
 
 log = logging.getLogger("pretrainlab")
 
@@ -53,12 +52,11 @@ def refusal(fittings: Sequence[Fitting], encoders: Sequence[Encoder]) -> str | N
             return f"the runs train on {f.devices.world} processes (DDP): a fused group trains in one"
         if f.devices.compile is not None:
             return "the runs are compiled (compile=true): a fused group trains eagerly; set compile=false"
-        precision = str(f.cfg.trainer.get("precision", "32-true"))
-        if precision not in ("32-true", "32", "bf16-mixed"):
-            return f"trainer.precision={precision}: a fused group trains in 32-true or bf16-mixed"
+        if f.precision not in ("32-true", "32", "bf16-mixed"):
+            return f"trainer.precision={f.precision}: a fused group trains in 32-true or bf16-mixed"
         if f.devices.accumulate != 1:
             return "the runs accumulate gradients (device_batch_size): a fused group steps every batch"
-        if uses_cuda(f.cfg) != uses_cuda(first.cfg) or precision != str(first.cfg.trainer.get("precision", "32-true")):
+        if (f.on_cuda, f.precision) != (first.on_cuda, first.precision):
             return "the runs train on different devices or precisions"
         if (f.recipe.epochs, f.recipe.batch_size) != (first.recipe.epochs, first.recipe.batch_size):
             return "the runs have different epochs or batch sizes"
@@ -179,8 +177,8 @@ def fit_fused(fittings: Sequence[Fitting], jobs: Sequence[Job], streams: Streams
     run's random stream, captured where the run alone would start training."""
     first = fittings[0]
     runs = len(jobs)
-    device = torch.device("cuda") if uses_cuda(first.cfg) else torch.device("cpu")
-    bf16 = str(first.cfg.trainer.get("precision", "32-true")) == "bf16-mixed"
+    device = torch.device("cuda") if first.on_cuda else torch.device("cpu")
+    bf16 = first.precision == "bf16-mixed"
     epochs = int(first.recipe.epochs)
     per_epoch = {job.steps_per_epoch for job in jobs}
     if len(per_epoch) != 1:
@@ -195,13 +193,13 @@ def fit_fused(fittings: Sequence[Fitting], jobs: Sequence[Job], streams: Streams
     opt = GroupAdamW(group, optim)  # type: ignore[arg-type]
     warmup = optim.warmup_steps(total)
     base = [f.optim.lr for f in fittings]
-    interval = min(int(first.cfg.trainer.get("log_every_n_steps", 10)), steps_per_epoch)
+    interval = min(first.log_every, steps_per_epoch)
     logged: list[list[tuple[int, dict]]] = [[] for _ in range(runs)]
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     )  # Lightning's bf16-mixed: the forward under autocast, the backward and the step outside
     progress = None
-    if first.cfg.trainer.get("enable_progress_bar", True):
+    if first.progress_bar:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=total, desc=f"{first.name}: {runs} runs fused", unit="step")

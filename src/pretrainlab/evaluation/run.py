@@ -80,8 +80,8 @@ def run_fused(members: Sequence[tuple[DictConfig, Path, Path, dict[str, str]]], 
     prepared = []
     for cfg, run_dir, _, choices in members:
         evaluation = base.of(cfg)
-        if not (isinstance(evaluation, base.Trained) and evaluation.fine_tuned and hasattr(evaluation, "job")):
-            log.info("%s is fine-tuned one run at a time: only GLUE's tasks are fused", evaluation.name)
+        if not (isinstance(evaluation, base.FineTuned) and evaluation.fusable):
+            log.info("%s is fine-tuned one run at a time: its runs cannot be fused", evaluation.name)
             return None
         check_finetuning(cfg)
         check_precision(cfg)

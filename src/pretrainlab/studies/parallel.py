@@ -43,7 +43,7 @@ from pretrainlab.pretraining import run as pretraining
 from pretrainlab.studies.arms import run_label
 from pretrainlab.studies.forkserver import Forked, shared
 from pretrainlab.studies.intrinsic import held_out, intrinsic_row
-from pretrainlab.studies.suite import fuse_task, run_suite
+from pretrainlab.studies.suite import fuse_task, run_suite, suite_config
 from pretrainlab.studies.throughput import measure
 
 log = logging.getLogger("pretrainlab")
@@ -233,8 +233,6 @@ def do(kind: str, cfg: DictConfig, spec: DictConfig) -> None:
     elif kind == "evaluate":
         run_suite(cfg, list(spec.tasks), list(spec.seeds), None, plain(spec.task_overrides), resume_hint=spec.resume)
     elif kind == "fuse":
-        from pretrainlab.studies.work import suite_config  # (it imports this module)
-
         suites = [suite_config(cfg, Path(encoder), str(init)) for encoder, init in spec.encoders]
         fuse_task(suites, str(spec.task), [int(s) for s in spec.seeds], spec.resume)
     else:

@@ -34,10 +34,11 @@ from pretrainlab.export.hf import model_name
 from pretrainlab.export.native import CONFIG
 from pretrainlab.export.pretrained import encoder_identity
 from pretrainlab.runtime import hydra
-from pretrainlab.runtime.hydra import CONF
+from pretrainlab.runtime.hydra import CONF, compose
 from pretrainlab.runtime.rundir import lock, unlock
 from pretrainlab.runtime.script import rerun_command
 from pretrainlab.runtime.settings import check_finetuning
+from pretrainlab.studies.arms import set_group
 
 log = logging.getLogger("pretrainlab")
 
@@ -190,6 +191,23 @@ def run_suite(
     return [r for rs in results.values() for r in rs]
 
 
+def suite_overrides(cfg: DictConfig) -> list[str]:
+    """What a study's every evaluation suite is composed with (conf/suite.yaml): ``suite.overrides``, the
+    data folders, and whether a suite fuses a task's seeds (``fuse_finetuning``)."""
+    return [
+        *cfg.suite.overrides,
+        *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
+        f"fuse_seeds={str(bool(cfg.get('fuse_finetuning', False))).lower()}",
+    ]
+
+
+def suite_config(cfg: DictConfig, encoder: Path, init: str) -> DictConfig:
+    """The evaluation suite of ``encoder`` (``init``: pretrained or scratch) in study ``cfg``."""
+    gcfg, _ = compose("suite", [f"pretrained={encoder}", f"init={init}", *suite_overrides(cfg)])
+    set_group(gcfg, cfg.study)
+    return gcfg
+
+
 def _choices(job: Job) -> dict[str, str]:
     return {**hydra.choices(), "task": job.cfg.task.name}
 
@@ -205,14 +223,14 @@ def _shape(pretrained: str) -> str | None:
 
 
 def _fuse(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
-    """The unfinished fine-tunings among ``jobs`` of each fine-tuned GLUE task and encoder shape trained at
+    """The unfinished fine-tunings among ``jobs`` of each fusable task (GLUE's) and encoder shape trained at
     once, as one model (``evaluation.fused``); their results by path. A group whose runs cannot be fused is
     left to run one at a time (the log says why)."""
     groups: dict[tuple[str, str], list[Job]] = {}
     for job in jobs:
         task = evaluations.get(job.cfg.task.name)
         shape = _shape(str(job.cfg.pretrained))
-        if job.done is None and task.fine_tuned and task.family == "glue" and shape is not None:
+        if job.done is None and task.fusable and shape is not None:
             groups.setdefault((task.name, shape), []).append(job)
     out: dict[Path, dict] = {}
     for group in groups.values():

@@ -20,12 +20,11 @@ from pretrainlab.evaluation.results import ResultError, is_results_file
 from pretrainlab.pretraining import run as pretraining
 from pretrainlab.pretraining.record import check_same_run
 from pretrainlab.pretraining.snapshots import check_fractions, snapshot_dir
-from pretrainlab.runtime.hydra import compose
 from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences
 from pretrainlab.runtime.rundir import LOCK, latest_checkpoint
-from pretrainlab.studies.arms import pretraining_config, run_label, run_name, set_group, study_arms
+from pretrainlab.studies.arms import pretraining_config, run_label, run_name, study_arms
 from pretrainlab.studies.parallel import Work, suite_work
-from pretrainlab.studies.suite import plan_suite, task_config
+from pretrainlab.studies.suite import plan_suite, suite_config, suite_overrides, task_config
 
 log = logging.getLogger("pretrainlab")
 
@@ -66,23 +65,6 @@ def study_tasks(cfg: DictConfig) -> list[str]:
     none for ``evals=[]``, a study that pretrains only (no ``evals`` key: GLUE's)."""
     evals = cfg.get("evals")
     return resolve(["glue"] if evals is None else list(evals), list(settle_suite(cfg).suite.glue_tasks))
-
-
-def suite_overrides(cfg: DictConfig) -> list[str]:
-    """What a study's every evaluation suite is composed with (conf/suite.yaml): ``suite.overrides``, the
-    data folders, and whether a suite fuses a task's seeds (``fuse_finetuning``)."""
-    return [
-        *cfg.suite.overrides,
-        *(f'{block}.data_dir="{path}"' for block, path in (cfg.get("data_dirs") or {}).items() if path is not None),
-        f"fuse_seeds={str(bool(cfg.get('fuse_finetuning', False))).lower()}",
-    ]
-
-
-def suite_config(cfg: DictConfig, encoder: Path, init: str) -> DictConfig:
-    """The evaluation suite of ``encoder`` (``init``: pretrained or scratch) in study ``cfg``."""
-    gcfg, _ = compose("suite", [f"pretrained={encoder}", f"init={init}", *suite_overrides(cfg)])
-    set_group(gcfg, cfg.study)
-    return gcfg
 
 
 def check_evaluation_inputs(suite: DictConfig, tasks: list[str]) -> None:
@@ -251,14 +233,13 @@ class StudyWork:
         return suite_config(self.cfg, encoder, init)
 
     def fused_work(self, suites: list[tuple[str, DictConfig]]) -> list[Work]:
-        """``fuse_finetuning=true``: for each fine-tuned GLUE task with two or more fine-tunings not done, the
+        """``fuse_finetuning=true``: for each fusable task (GLUE's) with two or more fine-tunings not done, the
         work that trains them at once, every encoder's (``studies.suite.fuse_task``; a process per task)."""
         if not self.cfg.get("fuse_finetuning", False):
             return []
         out = []
         for name in self.tasks:
-            task = evaluations.get(name)
-            if not (task.fine_tuned and task.family == "glue"):
+            if not evaluations.get(name).fusable:
                 continue
             pending = {
                 (str(g.pretrained), str(g.init)): sum(

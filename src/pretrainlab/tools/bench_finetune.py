@@ -6,8 +6,7 @@
         --max-train 2000 --epochs 3 --seq-len 128 --precision bf16-mixed --report runs/bench-finetune
 
 Both ways run the evaluation suite as a study runs it (``studies.suite.run_suite``): the same encoder
-(``--pretrained``, or one pretrained here for one step without dropout, whose weights do not change the
-time), task, seeds and recipe, each into a folder of its own, after one short warm-up fine-tuning. Prints
+(``--pretrained``, or a freshly initialised one without dropout, whose weights do not change the time), task, seeds and recipe, each into a folder of its own, after one short warm-up fine-tuning. Prints
 the seconds of each, their ratio, and the largest difference between the dev metrics the two ways
 reached (they train the same runs: ``tests/test_fused.py``).
 """
@@ -21,29 +20,30 @@ import time
 from pathlib import Path
 
 
-def _pretrained(model: str, home: Path, accelerator: str) -> Path:
-    """An encoder of ``model``'s shape, pretrained for one step on the synthetic corpus, without dropout."""
-    from pretrainlab.pretraining.run import run
-    from pretrainlab.runtime.hydra import compose
+def _encoder(model: str, home: Path) -> Path:
+    """An export of a freshly initialised encoder of ``model``'s shape, without dropout, with a WordPiece
+    vocabulary trained on the synthetic language the synthetic GLUE suite is drawn from (its weights do
+    not change the time; nothing here needs the ``datasets`` library)."""
+    from hydra.utils import instantiate
 
-    cfg, _ = compose(
-        "train",
-        [
-            f"model={model}",
-            "data.num_documents=300",
-            "max_seq_len=128",
-            "batch_size=8",
-            "max_steps=1",
-            "val_every=1",
-            "logger=none",
-            "compile=false",
-            f"trainer.accelerator={accelerator}",
-            "trainer.enable_progress_bar=false",
-            "model.hidden_dropout=0",
-            "model.attention_dropout=0",
-        ],
+    from pretrainlab.data.corpus import SyntheticCorpus, split_sentences
+    from pretrainlab.data.synthetic import SyntheticLanguage, generate_documents
+    from pretrainlab.data.tokenizer import TokenizerSpec
+    from pretrainlab.export.native import export_encoder
+    from pretrainlab.model.encoder import Encoder
+    from pretrainlab.runtime.hydra import compose
+    from pretrainlab.tokens import special_tokens
+
+    cfg, _ = compose("train", [f"model={model}", "model.hidden_dropout=0", "model.attention_dropout=0"])
+    corpus = SyntheticCorpus()
+    texts = generate_documents(300, corpus.min_sentences, corpus.max_sentences, SyntheticLanguage(seed=corpus.seed))
+    tokenizer = TokenizerSpec(vocab_size=int(cfg.tokenizer.vocab_size)).train(
+        [s for text in texts for s in split_sentences(text)], workdir=home
     )
-    return Path(run(cfg, home / "pretrain")["run_dir"])
+    encoder = Encoder(instantiate(cfg.model, vocab_size=tokenizer.get_vocab_size()))
+    data = {"_target_": "pretrainlab.data.corpus.SyntheticCorpus", "seed": corpus.seed, "num_topics": corpus.num_topics}
+    meta = {"objective": "roberta", "config": {"data": data}}
+    return export_encoder(encoder, tokenizer, special_tokens(tokenizer), home / "encoder", pretraining=meta)
 
 
 def _suite(
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--pretrained", type=Path, default=None, help="an encoder without dropout (a run or export)")
-    parser.add_argument("--model", default="tiny", help="the encoder pretrained here when --pretrained is not given")
+    parser.add_argument("--model", default="tiny", help="the encoder's shape when --pretrained is not given")
     parser.add_argument("--task", default="sst2")
     parser.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds 0 .. N-1")
     parser.add_argument("--glue-dir", default=None, help="GLUE in its released layout (default: the synthetic suite)")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     with tempfile.TemporaryDirectory(prefix="pretrainlab-bench-finetune-") as tmp:
         home = Path(tmp)
-        pretrained = args.pretrained or _pretrained(args.model, home, args.accelerator)
+        pretrained = args.pretrained or _encoder(args.model, home)
         _suite(
             pretrained, home / "warm-up", False, args, [0], ("glue.max_train_examples=64", "task_overrides.epochs=1")
         )
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     about = (
         f"{args.task}: {args.seeds} seeds x {steps} steps ({alone[0]['train_examples']} examples, {args.epochs} epochs, "
         f"batch {args.batch}, sequences up to {args.seq_len}, {args.precision}) on {device}; encoder "
-        f"{'given' if args.pretrained else f'model={args.model}, pretrained for one step'}. Fused / one after another: "
+        f"{'given' if args.pretrained else f'model={args.model}, freshly initialised'}. Fused / one after another: "
         f"{alone_s / fused_s:.2f}x; the largest difference between their dev metrics: {gap:.2g}."
     )
     print(about)

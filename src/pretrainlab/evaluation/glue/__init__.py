@@ -140,6 +140,7 @@ class GlueTask(FineTuned):
     family = "glue"
     data_block = "glue"
     rank = 0
+    fusable = True
 
     def __init__(self, name: str, **recipe):
         super().__init__(name, **recipe)
