@@ -347,3 +347,19 @@ def test_a_study_fuses_each_tasks_fine_tunings_of_every_encoder_into_one_model(t
         a = json.loads(Path(str(path).replace(str(tmp_path / "fused"), str(tmp_path / "alone"))).read_text())
         assert f["fused_runs"] == 6 and "fused_runs" not in a
         np.testing.assert_allclose(_losses(f)[:, 1], _losses(a)[:, 1], rtol=1e-5, err_msg=str(path))
+
+
+def test_each_fused_seed_logs_to_a_wandb_run_of_its_own(shared_run, tmp_path, monkeypatch):
+    """logger=wandb (the default; offline here): each seed of a fused group has its own W&B run, under its
+    own name, with the losses and dev metrics it logged and its results in the run's summary."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir, _ = shared_run(*SMALL_PRETRAIN)
+    results = _suite(run_dir, tmp_path, True, ["sst2"], [0, 1], "logger=wandb", "logger.project=fused")
+    for (_, seed), result in results.items():
+        assert result["fused_runs"] == 2
+        (log,) = (Path(result["run_dir"]) / "wandb").glob("offline-run-*/run-*.wandb")
+        data = log.read_bytes()
+        for key in (f"sst2-roberta-s{seed}", "train/loss", "val/accuracy", "glue/sst2/score"):
+            assert key.encode() in data, (seed, key)
+        other = f"sst2-roberta-s{1 - seed}".encode()
+        assert other not in data  # nothing of the other seed's run

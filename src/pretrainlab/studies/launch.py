@@ -107,6 +107,8 @@ class Local(Launcher):
         return True
 
     def fuse(self, study: StudyWork, work: list[Work]) -> None:
+        if not work:
+            return
         if self.jobs > 1:
             run_parallel(work, self.jobs, self.resume)
         else:
