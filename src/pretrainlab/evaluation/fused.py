@@ -1,4 +1,5 @@
-"""Fine-tuning runs of one task trained at once, as one batched model (``fuse_seeds=true`` in a suite).
+"""Fine-tuning runs of one task trained at once, as one batched model (``fuse_seeds`` in a suite,
+``fuse_finetuning`` in a study).
 
 A GLUE fine-tuning of a ``model=mini`` encoder is a few hundred steps of 32 sequences: on a GPU each
 step is a few hundred kernels too small to fill it, and the time goes to launching them. The runs of
@@ -11,8 +12,8 @@ gradient norm (``pretraining.fused.GroupAdamW``). Each run keeps everything that
                    takes one batch of every run, padded to the longest (padded keys are masked out)
     its head       the classifier the run alone builds, initialised from its own seed
     its dropout    the classifier's dropout draws from the run's own random stream (the global
-                   generator's state, swapped in around the run's part of the step), so its masks are
-                   the run alone's
+                   generators' states, swapped in around the run's part of the step and around its dev
+                   loaders' iterators, which draw a seed there), so its masks are the run alone's
     its results    its own results file, run directory and logger (the metrics it logged, replayed
                    into its own W&B or CSV run after the group has trained)
 
