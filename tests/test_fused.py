@@ -3,6 +3,7 @@ are, run by run, the runs trained alone: the same losses at every step and the s
 to float rounding."""
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +364,21 @@ def test_each_fused_seed_logs_to_a_wandb_run_of_its_own(shared_run, tmp_path, mo
             assert key.encode() in data, (seed, key)
         other = f"sst2-roberta-s{1 - seed}".encode()
         assert other not in data  # nothing of the other seed's run
+
+
+def test_a_study_whose_fused_fine_tuning_fails_fine_tunes_those_runs_one_by_one(tmp_path, caplog, monkeypatch):
+    """A failure of the study's fused groups (here a bug: a ValueError) costs only their speed: the study
+    logs it with its error, and each encoder's suite fine-tunes its runs (fusing only its own two seeds);
+    the report is complete."""
+    from pretrainlab.studies import parallel
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the fused loop")
+
+    monkeypatch.setattr(parallel, "fuse_task", broken)
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        table = _study(tmp_path, True)
+    assert "fused fine-tuning failed (ValueError: a bug in the fused loop)" in caplog.text, caplog.text
+    results = sorted((tmp_path / "fused" / "pretrain").glob("*/glue*/*/seed*.json"))
+    assert len(results) == 12 and all(json.loads(p.read_text())["fused_runs"] == 2 for p in results)
+    assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]

@@ -107,13 +107,24 @@ class Local(Launcher):
         return True
 
     def fuse(self, study: StudyWork, work: list[Work]) -> None:
+        """A fused group that fails (a bug, a device's error) costs only its speed: the log says so, with
+        its error, and each encoder's suite then fine-tunes what it did not finish (a signal or the time
+        running out stops the study as ever)."""
         if not work:
             return
-        if self.jobs > 1:
-            run_parallel(work, self.jobs, self.resume)
-        else:
-            for item in work:
-                item.run(self.resume)
+        try:
+            if self.jobs > 1:
+                run_parallel(work, self.jobs, self.resume)
+            else:
+                for item in work:
+                    item.run(self.resume)
+        except Exception as error:  # noqa: BLE001 - any failure of the speed-up: the runs are done alone
+            log.warning(
+                "fused fine-tuning failed (%s: %s); each encoder's suite fine-tunes what it did not finish",
+                type(error).__name__,
+                error,
+                exc_info=True,
+            )
 
     def evaluate(self, study: StudyWork, suites: list[Work]) -> None:
         if self.jobs > 1 and len(suites) > 1:
