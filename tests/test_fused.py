@@ -174,12 +174,12 @@ def test_fused_seeds_fine_tune_each_seed_as_it_fine_tunes_alone(shared_run, tmp_
     both epochs: the streams carry over the dev evaluation), the same dev metrics, and results files of
     the same fields, in the same places. Scratch encoders (a different random encoder per seed) too."""
     run_dir, _ = shared_run(*SMALL_PRETRAIN)
-    tasks, seeds = ["sst2", "stsb"], [0, 1, 2]
+    tasks, seeds = (["sst2", "stsb"] if init == "pretrained" else ["sst2"]), [0, 1, 2]
     alone = _suite(run_dir, tmp_path / "alone", False, tasks, seeds, f"init={init}")
     with caplog.at_level("INFO", logger="pretrainlab"):
         fused = _suite(run_dir, tmp_path / "fused", True, tasks, seeds, f"init={init}")
-    assert caplog.text.count("3 runs fine-tuned at once") == 2, caplog.text
-    assert alone.keys() == fused.keys() and len(alone) == 6
+    assert caplog.text.count("3 runs fine-tuned at once") == len(tasks), caplog.text
+    assert alone.keys() == fused.keys() and len(alone) == 3 * len(tasks)
     first_losses = []
     for key, a in alone.items():
         f = fused[key]
@@ -296,7 +296,7 @@ def test_a_studys_fuse_finetuning_reaches_every_encoders_suite(tmp_path, fuse):
     assert compose_config("ablate_slot", "corpus=c").fuse_finetuning is True
 
 
-def _study(root, fuse: bool, jobs: int = 1):
+def _study(root, fuse: bool, jobs: int = 1, objectives: str = "[roberta,bert]"):
     from pretrainlab.studies.ablation import run_study
     from tests.conftest import compose_config
 
@@ -307,7 +307,7 @@ def _study(root, fuse: bool, jobs: int = 1):
             "ablate",
             "study=fused",
             f"output_root={root}",
-            "objectives=[roberta,bert]",
+            f"objectives={objectives}",
             "seeds=[0]",
             "intrinsic=false",
             "evals=[glue]",
@@ -325,29 +325,25 @@ def _study(root, fuse: bool, jobs: int = 1):
 def test_a_study_fuses_each_tasks_fine_tunings_of_every_encoder_into_one_model(tmp_path, caplog):
     """fuse_finetuning=true: each GLUE task's fine-tunings of the study's three encoders (two objectives and
     scratch, two seeds each) are trained at once, as one model of six runs, a process per task (jobs=2),
-    before the suites; the report is the report of the same study fine-tuned one run at a time (the same
-    losses, run by run)."""
+    before the suites; every run's losses are those of its encoder's suite fine-tuned one run at a time."""
     with caplog.at_level("INFO", logger="pretrainlab"):
         fused = _study(tmp_path / "fused", True, jobs=2)
     assert "fine-tuning sst2, fused: done" in caplog.text and "fine-tuning stsb, fused: done" in caplog.text
     logs = tmp_path / "fused" / "fused" / "logs"
     for task in ("sst2", "stsb"):
         assert "6 runs fine-tuned at once" in (logs / f"fuse-{task}.log").read_text()
-    alone = _study(tmp_path / "alone", False)
-    assert fused["labels"] == alone["labels"] and sorted(alone["labels"]) == ["bert", "roberta", "scratch"]
-    for label in alone["labels"]:
-        for task in ("sst2", "stsb"):
-            a, f = alone["cells"][label][task], fused["cells"][label][task]
-            np.testing.assert_allclose(f["score"], a["score"], atol=0.3, err_msg=f"{label} {task}")
-    results = sorted((tmp_path / "fused" / "fused" / "pretrain").glob("*/glue*/*/seed*.json"))
+    assert sorted(fused["labels"]) == ["bert", "roberta", "scratch"] and set(fused["cells"]["bert"]) >= {"sst2", "stsb"}
+    pretrain = tmp_path / "fused" / "fused" / "pretrain"
+    results = sorted(pretrain.glob("*/glue*/*/seed*.json"))
     assert len(results) == 3 * 2 * 2
-    for path in results:
-        import json
-
-        f = json.loads(path.read_text())
-        a = json.loads(Path(str(path).replace(str(tmp_path / "fused"), str(tmp_path / "alone"))).read_text())
-        assert f["fused_runs"] == 6 and "fused_runs" not in a
-        np.testing.assert_allclose(_losses(f)[:, 1], _losses(a)[:, 1], rtol=1e-5, err_msg=str(path))
+    for run, init in (("roberta-s0", "pretrained"), ("bert-s0", "pretrained"), ("roberta-s0", "scratch")):
+        alone = _suite(pretrain / run, tmp_path / "alone" / run / init, False, ["sst2", "stsb"], [0, 1],
+                       f"init={init}", "task_overrides.epochs=1")  # fmt: skip
+        for (task, seed), a in alone.items():
+            folder = "glue" if init == "pretrained" else "glue-scratch"
+            f = json.loads((pretrain / run / folder / task / f"seed{seed}.json").read_text())
+            assert f["fused_runs"] == 6 and "fused_runs" not in a
+            np.testing.assert_allclose(_losses(f)[:, 1], _losses(a)[:, 1], rtol=1e-5, err_msg=f"{run} {init} {task}")
 
 
 def test_each_fused_seed_logs_to_a_wandb_run_of_its_own(shared_run, tmp_path, monkeypatch):
@@ -377,8 +373,8 @@ def test_a_study_whose_fused_fine_tuning_fails_fine_tunes_those_runs_one_by_one(
 
     monkeypatch.setattr(parallel, "fuse_task", broken)
     with caplog.at_level("INFO", logger="pretrainlab"):
-        table = _study(tmp_path, True)
+        table = _study(tmp_path, True, objectives="[roberta]")
     assert "fused fine-tuning failed (ValueError: a bug in the fused loop)" in caplog.text, caplog.text
     results = sorted((tmp_path / "fused" / "pretrain").glob("*/glue*/*/seed*.json"))
-    assert len(results) == 12 and all(json.loads(p.read_text())["fused_runs"] == 2 for p in results)
-    assert sorted(table["labels"]) == ["bert", "roberta", "scratch"]
+    assert len(results) == 8 and all(json.loads(p.read_text())["fused_runs"] == 2 for p in results)
+    assert sorted(table["labels"]) == ["roberta", "scratch"]
