@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -115,28 +115,27 @@ class Streams:
             self._set(outside)
 
 
-class _Heads(nn.Module):
+def _heads(jobs: Sequence[Job]) -> nn.ModuleList:
     """Every run's trained parameters outside its encoder (its pooler, its classifier), one entry per
     run, as :class:`GroupAdamW` reads a group's objectives."""
-
-    def __init__(self, jobs: Sequence[Job]):
-        super().__init__()
-        self.runs = nn.ModuleList(
-            nn.ParameterList(
-                [p for name, p in job.module.named_parameters() if not name.startswith("encoder.") and p.requires_grad]
-            )
-            for job in jobs
+    return nn.ModuleList(
+        nn.ParameterList(
+            [p for name, p in job.module.named_parameters() if not name.startswith("encoder.") and p.requires_grad]
         )
+        for job in jobs
+    )
 
 
 @dataclass
 class _Group:
-    stacked: StackedEncoder
-    objectives: nn.ModuleList  # what GroupAdamW reads: each run's head parameters
-    runs: int = field(init=False)
+    """What :class:`GroupAdamW` reads of a group: the stacked encoder and each run's head parameters."""
 
-    def __post_init__(self) -> None:
-        self.runs = self.stacked.runs
+    stacked: StackedEncoder
+    objectives: nn.ModuleList
+
+    @property
+    def runs(self) -> int:
+        return self.stacked.runs
 
 
 def _pad(batches: list[dict]) -> list[dict]:
@@ -189,7 +188,7 @@ def fit_fused(fittings: Sequence[Fitting], jobs: Sequence[Job], streams: Streams
     for job in jobs:
         job.module.to(device)
     stacked = StackedEncoder([job.module.encoder for job in jobs]).to(device)
-    group = _Group(stacked, _Heads(jobs).runs)
+    group = _Group(stacked, _heads(jobs))
     optim = first.optim
     opt = GroupAdamW(group, optim)  # type: ignore[arg-type]
     warmup = optim.warmup_steps(total)

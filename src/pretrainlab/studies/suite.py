@@ -226,12 +226,14 @@ def _fuse(jobs: list[Job], resume_hint: str) -> dict[Path, dict]:
     """The unfinished fine-tunings among ``jobs`` of each fusable task (GLUE's) and encoder shape trained at
     once, as one model (``evaluation.fused``); their results by path. A group whose runs cannot be fused is
     left to run one at a time (the log says why)."""
+    pending = [job for job in jobs if job.done is None]
+    fusable = {name: evaluations.get(name).fusable for name in {job.cfg.task.name for job in pending}}
+    shapes = {p: _shape(p) for p in {str(job.cfg.pretrained) for job in pending}}  # one read per encoder
     groups: dict[tuple[str, str], list[Job]] = {}
-    for job in jobs:
-        task = evaluations.get(job.cfg.task.name)
-        shape = _shape(str(job.cfg.pretrained))
-        if job.done is None and task.fusable and shape is not None:
-            groups.setdefault((task.name, shape), []).append(job)
+    for job in pending:
+        shape = shapes[str(job.cfg.pretrained)]
+        if fusable[job.cfg.task.name] and shape is not None:
+            groups.setdefault((job.cfg.task.name, shape), []).append(job)
     out: dict[Path, dict] = {}
     for group in groups.values():
         if len(group) < 2:
@@ -248,10 +250,9 @@ def fuse_task(suites: list[DictConfig], task: str, seeds: list[int], resume_hint
     once: one group per encoder shape (``evaluation.run_fused``). Returns how many were trained; what
     cannot be fused is left to each encoder's suite (``run_suite``), which also writes the summaries."""
     resume_hint = resume_hint or rerun_command()
+    named = evaluations.get(task)
     # the task's folder of each encoder's results (the other tasks' are another process's, at once)
-    dirs = list(
-        dict.fromkeys(output_dir_of(evaluations.get(task), g, None) / evaluations.get(task).name for g in suites)
-    )
+    dirs = list(dict.fromkeys(output_dir_of(named, g, None) / named.name for g in suites))
     for d in dirs:
         lock(d, "evaluation suite")
     try:

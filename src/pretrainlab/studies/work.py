@@ -24,7 +24,7 @@ from pretrainlab.runtime.provenance import PRETRAINING_HOW, differences
 from pretrainlab.runtime.rundir import LOCK, latest_checkpoint
 from pretrainlab.studies.arms import pretraining_config, run_label, run_name, study_arms
 from pretrainlab.studies.parallel import Work, suite_work
-from pretrainlab.studies.suite import plan_suite, suite_config, suite_overrides, task_config
+from pretrainlab.studies.suite import plan_suite, suite_config, task_config
 
 log = logging.getLogger("pretrainlab")
 
@@ -199,7 +199,6 @@ class StudyWork:
         self.cfg, self.root, self.fractions = cfg, root, fractions
         self.planned = pretraining_runs(cfg, root, arms, fractions)
         self.runs = [run_dir for run_dir, *_ in self.planned]
-        self.suite_overrides = suite_overrides(cfg)
         self.tasks, self.seeds = study_tasks(cfg), [int(s) for s in cfg.suite.seeds]
         probe = self.suite_cfg(root / "pretrain" / "encoder-to-come", "pretrained")
         for block, path in (cfg.get("data_dirs") or {}).items():
@@ -237,19 +236,18 @@ class StudyWork:
         work that trains them at once, every encoder's (``studies.suite.fuse_task``; a process per task)."""
         if not self.cfg.get("fuse_finetuning", False):
             return []
+        fusable = [task.name for task in map(evaluations.get, self.tasks) if task.fusable]
+        pending: dict[str, dict[tuple[str, str], int]] = {name: {} for name in fusable}
+        for _, g in suites if fusable else []:  # one plan per suite, every fusable task in it
+            for job in plan_suite(g, fusable, self.seeds, None, plain(g.task_overrides))[1]:
+                if job.done is None:
+                    counts = pending[job.cfg.task.name]
+                    key = (str(g.pretrained), str(g.init))
+                    counts[key] = counts.get(key, 0) + 1
         out = []
-        for name in self.tasks:
-            if not evaluations.get(name).fusable:
-                continue
-            pending = {
-                (str(g.pretrained), str(g.init)): sum(
-                    job.done is None for job in plan_suite(g, [name], self.seeds, None, plain(g.task_overrides))[1]
-                )
-                for _, g in suites
-            }
-            encoders = [list(key) for key, n in pending.items() if n]
-            if sum(pending.values()) >= 2:
-                spec = {"task": name, "encoders": encoders, "seeds": list(self.seeds)}
+        for name, counts in pending.items():
+            if sum(counts.values()) >= 2:
+                spec = {"task": name, "encoders": [list(key) for key in counts], "seeds": list(self.seeds)}
                 out.append(
                     Work(f"fine-tuning {name}, fused", "fuse", self.cfg, spec, self.root / "logs" / f"fuse-{name}.log")
                 )
