@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -63,6 +64,8 @@ class PretrainModule(L.LightningModule):
                                FLOPs); log the training metrics at the logging interval
     3. backward                Lightning: the loss divided by ``accumulate``, backward; on several devices
                                DDP all-reduces the gradients on the last micro-batch only
+    (a run of a fused group, ``pretraining.group``: 2 and 3 meet the group's other runs, whose
+    forward and backward are made with this run's at once)
     then, after the last micro-batch:
     4. configure_gradient_clipping   Lightning: the gradients' norm clipped to ``optim.grad_clip``
     5. optimizer_step          AdamW's step (Lightning runs 2-4 of the last micro-batch inside it, as the
@@ -143,12 +146,17 @@ class PretrainModule(L.LightningModule):
         self.learning_checks: list[learning.HeadCheck] = []  # from the last validation
         self.learning_states = ""  # what the encoder's final states say there (learning.states_line)
         self.learning_row: dict | None = None  # the same, as a row of <run>/learning.csv
+        # a fused group's step (pretraining.group.Fuser): this run's forward and backward made with its
+        # group's, its encoder's parameters views of the group's stacked ones; None for a run alone
+        self.fuser: Any = None
 
     def objective_loss(self, batch: Batch) -> ObjectiveOutput:
         """The objective's forward and loss on the encoder: what ``compile`` compiles."""
         return self.objective(self.encoder, batch)
 
     def forward_loss(self, batch: Batch) -> ObjectiveOutput:
+        if self.fuser is not None:  # one of a fused group (pretraining.group): every run's step at once
+            return self.fuser.forward(self, batch)
         return (self._compiled or self.objective_loss)(batch)
 
     def setup(self, stage: str) -> None:
@@ -156,7 +164,7 @@ class PretrainModule(L.LightningModule):
             self._compiled = torch.compile(self.objective_loss, **self.compile_options)
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_compiled": None, "_step_event": None, "_device_steps": []}
+        return {**super().__getstate__(), "_compiled": None, "_step_event": None, "_device_steps": [], "fuser": None}
 
     # --- counters --------------------------------------------------------------------------------
     @property
@@ -261,6 +269,13 @@ class PretrainModule(L.LightningModule):
             self.log("train/flops", self.flops, batch_size=bs)
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
         return out.loss
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        """Lightning's backward; in a fused group, one backward of every run's loss once all have come."""
+        if self.fuser is not None:
+            self.fuser.backward(self, loss)
+        else:
+            super().backward(loss, *args, **kwargs)
 
     def optimizer_step(self, *args, **kwargs) -> None:
         """The optimizer step, then its account: the step's training time (from its first micro-batch:
@@ -378,6 +393,8 @@ class PretrainModule(L.LightningModule):
         self.budget.start(self.budget_used())
 
     def on_train_end(self) -> None:
+        if self.fuser is not None:  # its group's other runs stop waiting for it
+            self.fuser.leave(self)
         self.check_finite()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -4,7 +4,9 @@ the Hydra entry point; studies and tests call :func:`run` with a composed config
 Order matters and goes one way: checks (settings, run directory, a checkpoint to resume) ->
 corpus -> tokenizer -> encoder config (vocabulary from the tokenizer) -> objective -> examples ->
 budget -> LightningModule -> Trainer -> train -> final checkpoint, export, what it learned. Each
-step is a function below (``validate``, ``build_*``, ``finish``); ``_run`` calls them in that order.
+step is a function below (``validate``, ``build_*``, ``finish``); :func:`prepare` calls them in that
+order until the run trains, :func:`train` from there (``pretraining.group`` prepares several runs,
+then trains them together).
 Exports and their provenance: ``snapshots.EncoderExport``; stopping on a signal:
 ``runtime.signals.SaveOnSignal``.
 """
@@ -71,16 +73,22 @@ def validate(cfg: DictConfig) -> tuple[EncoderConfig, Devices]:
         )
     devices = Devices.of(cfg, cfg.batch_size, cfg.get("device_batch_size"))
     instantiate(cfg.optim)
+    encoder_config, objective = meta_model(cfg)
+    check_schedule(cfg, objective)
+    check_targets(objective, int(cfg.max_seq_len))
+    check_budget_size(cfg, objective.mean_flops_per_token(encoder_config, int(cfg.max_seq_len)))
+    return encoder_config, devices
+
+
+def meta_model(cfg: DictConfig) -> tuple[EncoderConfig, Objective]:
+    """The run's encoder config (its vocabulary provisional: ``model.vocab_size`` or 64, the tokenizer is
+    not read) and its objective, built on the meta device: every setting checked, no memory used."""
     encoder_config = instantiate(cfg.model, vocab_size=cfg.model.get("vocab_size") or 64)
     placeholder = SpecialTokens(
         encoder_config.vocab_size, 0, 1, 2, 3, 4, np.zeros(encoder_config.vocab_size, dtype=bool)
     )
     with torch.device("meta"):
-        objective = build_objective(cfg, encoder_config, placeholder)
-    check_schedule(cfg, objective)
-    check_targets(objective, int(cfg.max_seq_len))
-    check_budget_size(cfg, objective.mean_flops_per_token(encoder_config, int(cfg.max_seq_len)))
-    return encoder_config, devices
+        return encoder_config, build_objective(cfg, encoder_config, placeholder)
 
 
 def chosen_budget(cfg: DictConfig) -> tuple[str, float] | None:
@@ -346,14 +354,37 @@ def assemble(
     return Assembly(data, tokens, data_id, model, datamodule, flops_per_token, budget, progress, module, info)
 
 
-def _run(
+@dataclass
+class Prepared:
+    """A pretraining run built and ready to train (:func:`prepare`): its script (directory, logging,
+    config), what :func:`assemble` built, the trainer with its callbacks, the logger, the export, the
+    signal's stopper and the checkpoint it resumes from. :func:`train` trains it."""
+
+    cfg: DictConfig
+    script: RunScript
+    built: Assembly
+    trainer: L.Trainer
+    logger: Any
+    export: EncoderExport
+    stopper: SaveOnSignal
+    resume_from: Path | None
+
+    @property
+    def module(self) -> PretrainModule:
+        return self.built.module
+
+
+def prepare(
     cfg: DictConfig,
     script: RunScript,
     provisional: EncoderConfig,
     devices: Devices,
     resume_from: Path | None,
     resume_hint: str,
-) -> dict[str, Any]:
+) -> Prepared:
+    """Everything of the run until it trains: the process set up, corpus -> tokenizer -> encoder config
+    -> objective -> examples -> budget -> module, then its config saved, its logger, export, stopper and
+    trainer."""
     run_dir = script.dir
     objective_cfg = plain(cfg.objective)
     if resume_from is not None:  # before the corpus and tokenizer: refuse another run's checkpoint at once
@@ -364,9 +395,8 @@ def _run(
     built = assemble(cfg, devices, resume_from)
     if resume_from is not None and not is_secondary_rank():
         relabel_snapshots(run_dir, built.budget)  # taken under another budget: renamed to their place in this one
-    module = built.module
 
-    # trainer -> train -> final checkpoint -> export -> what it learned
+    # trainer, its callbacks, the logger, the export
     script.save_config()
     logger = script.build_logger(resume=resume_from is not None)
     export = EncoderExport(
@@ -380,17 +410,24 @@ def _run(
     )
     stopper = SaveOnSignal(run_dir / "checkpoints" / "last.ckpt", resume_hint)
     snapshots = EncoderSnapshots(list(cfg.get("snapshots") or []), run_dir, export)
-    trainer = build_trainer(cfg, script, devices, module, [StepTimer(), stopper, snapshots], logger)
+    trainer = build_trainer(cfg, script, devices, built.module, [StepTimer(), stopper, snapshots], logger)
+    return Prepared(cfg, script, built, trainer, logger, export, stopper, resume_from)
+
+
+def train(run: Prepared) -> dict[str, Any]:
+    """Train a run :func:`prepare` built: fit -> final checkpoint -> export -> what it learned; its logger
+    is closed with the run's exit status whatever happens (a signal's stop exits with 128 + its number)."""
+    script, trainer, module = run.script, run.trainer, run.module
     try:
-        stopper.fit(
+        run.stopper.fit(
             trainer,
             module,
-            datamodule=built.datamodule,
-            ckpt_path=None if resume_from is None else str(resume_from),
+            datamodule=run.built.datamodule,
+            ckpt_path=None if run.resume_from is None else str(run.resume_from),
             weights_only=True,
         )
-        stopper.exit_if_stopped(trainer)
-        result = finish(cfg, run_dir, trainer, module, export, logger)
+        run.stopper.exit_if_stopped(trainer)
+        result = finish(run.cfg, script.dir, trainer, module, run.export, run.logger)
         script.exit_code = 0
     except SystemExit as stop:  # a signal stopped the run: its status goes to the logger too
         script.exit_code = stop.code if isinstance(stop.code, int) else 1
@@ -398,6 +435,17 @@ def _run(
     finally:
         script.finish()
     return result
+
+
+def _run(
+    cfg: DictConfig,
+    script: RunScript,
+    provisional: EncoderConfig,
+    devices: Devices,
+    resume_from: Path | None,
+    resume_hint: str,
+) -> dict[str, Any]:
+    return train(prepare(cfg, script, provisional, devices, resume_from, resume_hint))
 
 
 def build_module(
@@ -496,7 +544,10 @@ __all__ = [
     "build_trainer",
     "check_same_schedule",
     "check_schedule",
+    "meta_model",
+    "prepare",
     "resume_command",
     "run",
+    "train",
     "validate",
 ]

@@ -83,11 +83,13 @@ def build_logger(
     job_type: str = "pretrain",
     extra: dict | None = None,
     resume: bool = False,
+    concurrent: bool = False,
 ) -> Logger | bool:
     """The configured logger, with the flattened config logged. W&B runs are named and grouped
     (defaults: ``<objective>-<model>-s<seed>``, grouped by objective) and typed by ``job_type``.
     ``resume``: the run continues from a checkpoint of this run directory, and so continues its
-    W&B run (the id kept in ``.wandb_id``); otherwise it is a new W&B run."""
+    W&B run (the id kept in ``.wandb_id``); otherwise it is a new W&B run. ``concurrent``: other runs log
+    from this process at the same time (a fused group), each to a W&B run of its own."""
     lcfg = cfg.get("logger")
     if not lcfg or not lcfg.get("_target_"):
         return False
@@ -99,6 +101,8 @@ def build_logger(
                 lcfg, run_dir, name or run_name(cfg, choices), group or cfg.objective.name, job_type, resume
             )
         )
+        if concurrent:
+            kwargs["reinit"] = "create_new"
     logger = instantiate(lcfg, **kwargs)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params.update({f"choice.{k}": v for k, v in choices.items()})
@@ -121,6 +125,7 @@ class RunScript:
     choices: dict[str, str]  # config group -> option, logged as choice.<group>
     exit_code: int = 1
     logger: Logger | bool = field(default=False, repr=False)
+    concurrent: bool = False  # other runs train in this process at the same time (a fused group): a W&B run of its own
     _file_handler: logging.FileHandler | None = field(default=None, repr=False)
 
     @classmethod
@@ -151,7 +156,7 @@ class RunScript:
         return [TQDMProgressBar(refresh_rate=self.cfg.progress_refresh_rate)]
 
     def build_logger(self, **kwargs: Any) -> Logger | bool:
-        self.logger = build_logger(self.cfg, self.dir, self.choices, **kwargs)
+        self.logger = build_logger(self.cfg, self.dir, self.choices, concurrent=self.concurrent, **kwargs)
         return self.logger
 
     def finish(self) -> None:
