@@ -18,7 +18,6 @@ default) and can be uploaded later with ``wandb sync``; online works unchanged w
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +38,6 @@ class WandbLogger(pl_loggers.WandbLogger):
         super().__init__(*args, **kwargs)
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
-
-    @property
-    def experiment(self):
-        """Lightning's, except for a run that logs beside others in this process (``reinit="create_new"``:
-        a fused group's runs): a W&B run of its own, where Lightning would reuse the one open already."""
-        if self._experiment is None and self._wandb_init.get("reinit") == "create_new":
-            import wandb
-
-            if self._offline:
-                os.environ["WANDB_MODE"] = "dryrun"
-            self._experiment = wandb.init(**self._wandb_init)
-            self._experiment.define_metric("trainer/global_step")
-            self._experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
-        return super().experiment
 
 
 enabled = logs_to_wandb  # whether a logger config logs to W&B (runtime.early, which imports no torch)
