@@ -46,13 +46,13 @@ def _learning(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _assert_same_run(fused: Path, alone: Path) -> None:
+def _assert_same_run(fused: Path, alone: Path, validations: int = 2) -> None:
     a, f = _weights(alone), _weights(fused)
     assert a.keys() == f.keys()
     for key in a:
         torch.testing.assert_close(f[key], a[key], atol=2e-5, rtol=1e-4, msg=f"{fused.name}: {key}")
     rows_a, rows_f = _learning(alone), {r["step"]: r for r in _learning(fused)}
-    assert len(rows_a) == 2 and {r["step"] for r in rows_a} <= set(rows_f)  # a stop adds the row of its step
+    assert len(rows_a) == validations and {r["step"] for r in rows_a} <= set(rows_f)  # a stop adds the row of its step
     for ra in rows_a:
         rf = rows_f[ra["step"]]
         assert rf["tokens"] == ra["tokens"] and rf["flops"] == ra["flops"]
@@ -174,3 +174,43 @@ def test_each_run_of_a_fused_group_logs_to_a_wandb_run_of_its_own(tmp_path, monk
         data = log.read_bytes()
         assert mine.encode() in data and b"val/mlm_loss" in data and f"roberta-model-s{m.cfg.seed}".encode() in data
         assert theirs.encode() not in data and f"roberta-model-s{1 - m.cfg.seed}".encode() not in data
+
+
+def test_a_study_with_fuse_pretraining_trains_each_objectives_seeds_as_one_group(tmp_path, caplog):
+    """fuse_pretraining=true: a study of RoBERTa and ELECTRA, two seeds each: RoBERTa's seeds train as one
+    fused group in a process of their own (jobs=2), beside ELECTRA's, which train one by one with
+    the reason in the log; each RoBERTa run is the run its own config (config.yaml) trains alone."""
+    from omegaconf import OmegaConf
+
+    from pretrainlab.studies.ablation import run_study
+    from tests.conftest import compose_config
+
+    quoted = lambda xs: "[" + ",".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    pretrain = [*FUSABLE[:-3], "max_steps=10", "val_every=5", "checkpoint_every=1000"]
+    cfg = compose_config(
+        "ablate",
+        "study=fused",
+        f"output_root={tmp_path}",
+        "objectives=[roberta,electra]",
+        "seeds=[0,1]",
+        "evals=[]",
+        "scratch=false",
+        "intrinsic=false",
+        "fuse_pretraining=true",
+        "jobs=2",
+        f"pretrain={quoted(pretrain)}",
+    )
+    with caplog.at_level("INFO", logger="pretrainlab"):
+        run_study(cfg)
+    runs = tmp_path / "fused" / "pretrain"
+    text = caplog.text + "".join(p.read_text() for p in (tmp_path / "fused" / "logs").glob("pretrain-*.log"))
+    assert "fused group of 2 runs" in text and "roberta-s0, roberta-s1" in text
+    for seed in (0, 1):
+        assert (
+            f"pretraining electra-s{seed} alone, not fused: objective=electra needs more than one encoder call" in text
+        )
+        assert (runs / f"electra-s{seed}" / "encoder" / "config.json").is_file()
+        fused = runs / f"roberta-s{seed}"
+        alone = tmp_path / "alone" / f"roberta-s{seed}"
+        run(OmegaConf.load(fused / "config.yaml"), alone)
+        _assert_same_run(fused, alone, validations=2)

@@ -70,6 +70,7 @@ HOW = (
     "budget_flops",
     "jobs",
     "mps",
+    "fuse_pretraining",
     "fuse_finetuning",
     "slot",
 )

@@ -22,7 +22,14 @@ from pretrainlab.pretraining.snapshots import snapshot_dir
 from pretrainlab.runtime import mps
 from pretrainlab.runtime.settings import uses_cuda
 from pretrainlab.runtime.signals import TimeUp, deadline
-from pretrainlab.studies.parallel import Work, check_jobs, pretraining_work, run_parallel, suite_work
+from pretrainlab.studies.parallel import (
+    Work,
+    check_jobs,
+    pretraining_groups,
+    pretraining_work,
+    run_parallel,
+    suite_work,
+)
 from pretrainlab.studies.slurm import Planned, SlurmError, SlurmStudy, check_cluster, run_slurm
 from pretrainlab.studies.slurm import resources as slurm_resources
 from pretrainlab.studies.work import StudyWork, held_out_checks, suite_label
@@ -79,9 +86,14 @@ class Local(Launcher):
         logs = study.root / "logs"
         minutes = self.cfg.get("minutes")
         # as processes: several at once, or under a time limit (each stopped at the time saves its checkpoint)
+        fuse = bool(self.cfg.get("fuse_pretraining", False))
         if study.pending and (minutes or (self.jobs > 1 and len(study.pending) > 1)):
             checks = held_out_checks(self.cfg)
-            work = [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in study.pending]
+            work = (
+                pretraining_groups(study.pending, logs, checks)
+                if fuse
+                else [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks) for r, c, ch in study.pending]
+            )
             started = time.time()
             limit = (
                 deadline(started + 60 * float(minutes), lambda: f"minutes={float(minutes):g} ran out")
@@ -102,8 +114,12 @@ class Local(Launcher):
                     time.time() - started,
                 )
         else:  # in this process; the report computes the held-out checks
-            for r, c, ch in study.pending:
-                pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", "none").run(self.resume)
+            for item in (
+                pretraining_groups(study.pending, logs, "none")
+                if fuse
+                else [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", "none") for r, c, ch in study.pending]
+            ):
+                item.run(self.resume)
         return True
 
     def fuse(self, study: StudyWork, work: list[Work]) -> None:
@@ -143,6 +159,8 @@ class Slurm(Launcher):
         self.cfg, self.resume = cfg, resume
 
     def pretrain(self, study: StudyWork) -> bool:
+        if self.cfg.get("fuse_pretraining", False):
+            log.info("fuse_pretraining=true is for launcher=local: on SLURM each pretraining run is a job of its own")
         jobs = SlurmStudy(self.cfg, study.root, self.resume, say=log.info)
         return run_slurm(jobs, slurm_jobs(study), bool(self.cfg.get("detach", False)))
 

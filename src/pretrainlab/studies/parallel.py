@@ -80,15 +80,16 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 # the kinds of work a study does, in a process of its own (run_parallel), a SLURM job (studies.slurm) or
 # its own process (studies.launch): what each is told is in its spec
-KINDS = ("pretrain", "evaluate", "measure", "fuse")
+KINDS = ("pretrain", "pretrain-group", "evaluate", "measure", "fuse")
 
 
 @dataclass
 class Work:
     """One piece of a study's work: a pretraining run (``kind="pretrain"``: cfg, run_dir, choices; then
     its held-out checks, and a file saying it is done when asked), an encoder's evaluation suite
-    (``kind="evaluate"``: cfg, tasks, seeds, task_overrides), or a pretraining run's throughput timed in a
-    coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments), or a GLUE task's
+    (``kind="evaluate"``: cfg, tasks, seeds, task_overrides), pretraining runs that differ only in their seed
+    trained as one fused group (``kind="pretrain-group"``: cfg, each run's seed, checkpoint, run_dir and
+    choices; ``pretraining.group``), or a pretraining run's throughput timed in a coordinator's windows (``kind="measure"``: ``studies.throughput.measure``'s arguments), or a GLUE task's
     fine-tunings of several encoders at once (``kind="fuse"``: the study's cfg, task, encoders, seeds)."""
 
     name: str  # what the console calls it: "pretraining roberta seed 0", "evaluating roberta-s0"
@@ -132,6 +133,65 @@ def pretraining_work(
         raise ValueError(f"checks={checks!r}: one of {', '.join(CHECKS)}")
     spec = {"run_dir": str(run_dir), "choices": dict(choices), "checks": checks, "done": done}
     return Work(name or f"pretraining {run_label(cfg)}", "pretrain", cfg, spec, log)
+
+
+def _as_member(template: DictConfig, seed: int, ckpt_path: str | None) -> DictConfig:
+    """``template`` (a group's config) with one run's seed and checkpoint: that run's config."""
+    cfg = template.copy()
+    cfg.seed, cfg.ckpt_path = seed, ckpt_path
+    return cfg
+
+
+def _group_key(cfg: DictConfig) -> str:
+    return json.dumps(
+        {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("seed", "ckpt_path")},  # type: ignore[union-attr]
+        sort_keys=True,
+        default=str,
+    )
+
+
+def pretraining_groups(
+    pending: list[tuple[Path, DictConfig, dict]], logs: Path, checks: str = "intrinsic", done: str | None = None
+) -> list[Work]:
+    """``fuse_pretraining=true``: the work of ``pending`` runs (run directory, config, choices), the runs
+    that differ only in their seed trained as one fused group each (``pretraining.group``: each run the run
+    alone in every output), the others one by one, each with the reason in the log."""
+    from pretrainlab.pretraining.group import why_not
+
+    groups: dict[str, list[tuple[Path, DictConfig, dict]]] = {}
+    alone: list[tuple[Path, DictConfig, dict]] = []
+    for run_dir, cfg, choices in pending:
+        reason = why_not(cfg)
+        if reason is None:
+            groups.setdefault(_group_key(cfg), []).append((run_dir, cfg, choices))
+        else:
+            log.info("pretraining %s alone, not fused: %s", run_dir.name, reason)
+            alone.append((run_dir, cfg, choices))
+    work = []
+    for runs in groups.values():
+        template = runs[0][1]
+        same = all(
+            OmegaConf.to_container(_as_member(template, int(c.seed), c.ckpt_path), resolve=True)
+            == OmegaConf.to_container(c, resolve=True)
+            for _, c, _ in runs
+        )
+        if len(runs) < 2 or not same:
+            alone.extend(runs)
+            continue
+        spec = {
+            "runs": [
+                {"run_dir": str(r), "choices": dict(ch), "seed": int(c.seed), "ckpt_path": c.ckpt_path}
+                for r, c, ch in runs
+            ],
+            "checks": checks,
+            "done": done,
+        }
+        name = f"pretraining {run_label(template)} seeds {', '.join(str(c.seed) for _, c, _ in runs)}, fused"
+        work.append(Work(name, "pretrain-group", template, spec, logs / f"pretrain-{runs[0][0].name}-group.log"))
+    first = {str(r): i for i, (r, _, _) in enumerate(pending)}  # the study's order: groups by their first run
+    work.sort(key=lambda w: first[w.spec["runs"][0]["run_dir"]])
+    singles = [pretraining_work(r, c, ch, logs / f"pretrain-{r.name}.log", checks, done) for r, c, ch in alone]
+    return [*work, *sorted(singles, key=lambda w: first[w.spec["run_dir"]])]
 
 
 def measure_work(name: str, cfg: DictConfig, kwargs: dict, log_path: Path) -> Work:
@@ -222,12 +282,17 @@ def do(kind: str, cfg: DictConfig, spec: DictConfig) -> None:
     """A piece of work of ``kind`` (:data:`KINDS`) with ``cfg`` and what its ``spec`` says."""
     if kind == "pretrain":
         result = pretraining.run(cfg, spec.run_dir, choices=dict(spec.choices), resume_hint=spec.resume)
-        checks = spec.get("checks") or ("intrinsic" if spec.get("intrinsic", True) else "held-out")  # older specs
-        if checks != "none":
-            (intrinsic_row if checks == "intrinsic" else held_out)(Path(spec.run_dir))
-            log.info("held-out checks -> %s", Path(spec.run_dir) / "intrinsic.json")
-        if spec.get("done"):
-            atomic.write_text(Path(spec.run_dir) / spec.done, json.dumps({"global_step": result.get("global_step")}))
+        _after_pretraining(Path(spec.run_dir), spec, result)
+    elif kind == "pretrain-group":
+        from pretrainlab.pretraining.group import Member, run_together
+
+        members = [
+            Member(_as_member(cfg, int(r.seed), r.ckpt_path), Path(r.run_dir), dict(r.choices), spec.resume)
+            for r in spec.runs
+        ]
+        results = run_together(members)
+        for member, result in zip(members, results, strict=True):
+            _after_pretraining(member.run_dir, spec, result)
     elif kind == "measure":
         measure(cfg, **plain(spec.kwargs))
     elif kind == "evaluate":
@@ -237,6 +302,16 @@ def do(kind: str, cfg: DictConfig, spec: DictConfig) -> None:
         fuse_task(suites, str(spec.task), [int(s) for s in spec.seeds], spec.resume)
     else:
         raise ValueError(f"work of kind {kind!r} ({', '.join(KINDS)})")
+
+
+def _after_pretraining(run_dir: Path, spec: DictConfig, result: dict) -> None:
+    """A pretraining run's held-out checks (``spec.checks``) and the file saying it is done (``spec.done``)."""
+    checks = spec.get("checks") or ("intrinsic" if spec.get("intrinsic", True) else "held-out")  # older specs
+    if checks != "none":
+        (intrinsic_row if checks == "intrinsic" else held_out)(run_dir)
+        log.info("held-out checks -> %s", run_dir / "intrinsic.json")
+    if spec.get("done"):
+        atomic.write_text(run_dir / spec.done, json.dumps({"global_step": result.get("global_step")}))
 
 
 def _main(spec_path: str) -> None:
